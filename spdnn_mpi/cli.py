@@ -1,0 +1,61 @@
+"""The ``spdnn`` command: one entry point, one subcommand per task.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)``
+and ``run(args) -> int``; this file only wires them up and turns
+``SpdnnError`` into a one-line message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from spdnn_mpi import __version__
+from spdnn_mpi.errors import SpdnnError
+
+#: subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("spdnn_mpi.cmd_generate", "generate a challenge-shaped network and inputs"),
+    "prepare": ("spdnn_mpi.cmd_prepare", "convert official Graph Challenge TSV files into a store"),
+    "info": ("spdnn_mpi.cmd_info", "describe a store"),
+    "infer": ("spdnn_mpi.cmd_infer", "run inference on a store (also under mpiexec/srun)"),
+    "bench": ("spdnn_mpi.cmd_bench", "benchmark backends and peers; prints a table, writes JSON"),
+    "demo": ("spdnn_mpi.cmd_demo", "generate (once) the built-in 1024x120 case, infer and check"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spdnn",
+        description="Sparse DNN inference at scale (Sparse DNN Graph Challenge).",
+    )
+    parser.add_argument("--version", action="version", version=f"spdnn_mpi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=(module.__doc__ or help_text).strip().splitlines()[0],
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except SpdnnError as exc:
+        print(f"spdnn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"spdnn {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

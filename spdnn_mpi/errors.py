@@ -1,0 +1,24 @@
+"""Errors the command line turns into one clear message and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+
+
+class SpdnnError(Exception):
+    """An error the user can act on; the CLI prints it without a traceback."""
+
+
+class InputFormatError(SpdnnError):
+    """Bad content in an input file, located by file and (1-based) line."""
+
+    def __init__(self, path: str | os.PathLike, line: int | None, message: str):
+        self.path = os.fspath(path)
+        self.line = line
+        self.message = message
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class StoreError(SpdnnError):
+    """A store that is missing, not ours, of an unknown schema or inconsistent."""

@@ -1,0 +1,237 @@
+"""In-memory form of a sparse MLP and its inputs, shared by every module.
+
+A layer is kept as CSR of W transposed: row ``j`` lists the input neurons that
+feed output neuron ``j``. That is the layout every backend computes from
+(gather over the inputs of one output) and the layout the store keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Challenge constants (see ../shared/reference/challenge.md).
+CHALLENGE_CLIP = 32.0
+CHALLENGE_WEIGHT = 1.0 / 16.0
+CHALLENGE_BIAS = {1024: -0.30, 4096: -0.35, 16384: -0.40, 65536: -0.45}
+CHALLENGE_NEURONS = (1024, 4096, 16384, 65536)
+CHALLENGE_LAYERS = (120, 480, 1920)
+CHALLENGE_IMAGES = 60000
+
+
+def challenge_bias(neurons: int) -> float:
+    """Bias of the challenge network with ``neurons`` neurons.
+
+    The published table, extended by -0.05 per factor of 4 for other
+    N = 16 * 4**m so generated networks of other sizes follow the same trend.
+    """
+    if neurons in CHALLENGE_BIAS:
+        return CHALLENGE_BIAS[neurons]
+    return round(-0.30 - 0.05 * math.log(neurons / 1024, 4), 6)
+
+
+def index_dtype(extent: int) -> np.dtype:
+    """Smallest index type for ids in ``[0, extent)``: 16 bits up to 65536, else 32."""
+    return np.dtype(np.uint16) if extent <= 65536 else np.dtype(np.int32)
+
+
+@dataclass
+class Layer:
+    """One layer ``y = min(max(x @ W + bias, 0), clip)`` with W stored as CSR of W^T.
+
+    ``values`` is None when every weight equals ``uniform_value`` (the
+    challenge's 1/16), so that case carries no value array. ``bias`` is a
+    Python float or a float32 vector of length ``n_out``; ``clip`` None means
+    no upper clip.
+    """
+
+    n_in: int
+    n_out: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray | None = None
+    uniform_value: float | None = None
+    bias: float | np.ndarray = 0.0
+    clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.values is None) == (self.uniform_value is None):
+            raise ValueError("a layer needs exactly one of values or uniform_value")
+        if len(self.indptr) != self.n_out + 1:
+            raise ValueError(f"indptr has {len(self.indptr)} entries, expected {self.n_out + 1}")
+        if not isinstance(self.bias, float | int):
+            self.bias = np.asarray(self.bias, dtype=np.float32)
+            if self.bias.shape != (self.n_out,):
+                raise ValueError(f"bias vector has shape {self.bias.shape}, expected ({self.n_out},)")
+        else:
+            self.bias = float(self.bias)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    @property
+    def bias_is_scalar(self) -> bool:
+        return isinstance(self.bias, float)
+
+    @property
+    def row_degree(self) -> int | None:
+        """Nonzeros per output neuron when every output has the same count, else None."""
+        counts = np.diff(self.indptr)
+        if len(counts) and np.all(counts == counts[0]):
+            return int(counts[0])
+        return None
+
+    @property
+    def maps_zero_to_zero(self) -> bool:
+        """True when an all-zero input row gives an all-zero output (every bias <= 0).
+
+        Only then may a dead row be dropped: it can never come back.
+        """
+        return bool(np.all(np.asarray(self.bias) <= 0))
+
+    def weight_values(self) -> np.ndarray:
+        """Per-nonzero float32 values (materialised when uniform)."""
+        if self.values is not None:
+            return self.values
+        return np.full(self.nnz, self.uniform_value, dtype=np.float32)
+
+    def bias_vector(self) -> np.ndarray:
+        """Bias as a float32 vector of length ``n_out``."""
+        if self.bias_is_scalar:
+            return np.full(self.n_out, self.bias, dtype=np.float32)
+        return self.bias
+
+    def to_scipy_t(self):
+        """W^T as a ``scipy.sparse.csr_matrix`` (n_out x n_in), float32."""
+        import scipy.sparse as sp
+
+        return sp.csr_matrix(
+            (self.weight_values(), self.indices.astype(np.int32), self.indptr),
+            shape=(self.n_out, self.n_in),
+        )
+
+    @classmethod
+    def from_coo(
+        cls,
+        rows_in: np.ndarray,
+        cols_out: np.ndarray,
+        values: np.ndarray,
+        n_in: int,
+        n_out: int,
+        *,
+        bias: float | np.ndarray = 0.0,
+        clip: float | None = None,
+    ) -> Layer:
+        """Build from 0-based (input i, output j, value) triples of W(i, j).
+
+        Entries are sorted by (j, i); duplicates must have been rejected by the
+        caller. Values that are all equal collapse to ``uniform_value``.
+        """
+        rows_in = np.asarray(rows_in)
+        cols_out = np.asarray(cols_out)
+        values = np.asarray(values, dtype=np.float32)
+        order = np.lexsort((rows_in, cols_out))
+        indices = rows_in[order].astype(index_dtype(n_in), copy=False)
+        counts = np.bincount(cols_out, minlength=n_out)
+        indptr = np.zeros(n_out + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        vals = values[order]
+        if len(vals) and np.all(vals == vals[0]):
+            return cls(n_in, n_out, indptr, indices, None, float(vals[0]), bias, clip)
+        return cls(n_in, n_out, indptr, indices, vals, None, bias, clip)
+
+
+@dataclass
+class Network:
+    """An ordered list of layers plus where it came from."""
+
+    layers: list[Layer]
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_inputs(self) -> int:
+        return self.layers[0].n_in
+
+    def edges(self, n_layers: int | None = None) -> int:
+        """Sum of nnz(W_l) over the first ``n_layers`` layers."""
+        return sum(layer.nnz for layer in self.layers[: n_layers or len(self.layers)])
+
+    def truncated(self, n_layers: int) -> Network:
+        if not 1 <= n_layers <= len(self.layers):
+            raise ValueError(f"asked for {n_layers} layers; the network has {len(self.layers)}")
+        return Network(self.layers[:n_layers], self.provenance)
+
+
+@dataclass
+class SparseRows:
+    """A CSR block of input feature rows (images x neurons), 0-based ids.
+
+    ``values`` is None for binary inputs (every stored entry is 1).
+    ``first_row`` is the global index of row 0, so a rank's slice keeps the
+    image ids it was given.
+    """
+
+    n_cols: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray | None = None
+    first_row: int = 0
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1] - self.indptr[0])
+
+    def row_values(self) -> np.ndarray:
+        if self.values is not None:
+            return self.values
+        return np.ones(self.nnz, dtype=np.float32)
+
+    def to_dense(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` as a dense float32 array."""
+        stop = self.n_rows if stop is None else stop
+        out = np.zeros((stop - start, self.n_cols), dtype=np.float32)
+        lo, hi = self.indptr[start], self.indptr[stop]
+        counts = np.diff(self.indptr[start : stop + 1])
+        rows = np.repeat(np.arange(stop - start), counts)
+        vals = self.row_values()[lo - self.indptr[0] : hi - self.indptr[0]]
+        out[rows, self.indices[lo - self.indptr[0] : hi - self.indptr[0]].astype(np.int64)] = vals
+        return out
+
+    def slice(self, start: int, stop: int) -> SparseRows:
+        """Rows ``[start, stop)`` as a new block (ids stay global through first_row)."""
+        base = self.indptr[0]
+        lo, hi = self.indptr[start] - base, self.indptr[stop] - base
+        return SparseRows(
+            self.n_cols,
+            self.indptr[start : stop + 1] - self.indptr[start],
+            self.indices[lo:hi],
+            None if self.values is None else self.values[lo:hi],
+            self.first_row + start,
+        )
+
+    @classmethod
+    def from_dense(cls, dense: np.ndarray, first_row: int = 0) -> SparseRows:
+        dense = np.asarray(dense, dtype=np.float32)
+        rows, cols = np.nonzero(dense)
+        vals = dense[rows, cols]
+        indptr = np.zeros(dense.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=dense.shape[0]), out=indptr[1:])
+        binary = bool(np.all(vals == 1.0))
+        return cls(
+            dense.shape[1],
+            indptr,
+            cols.astype(index_dtype(dense.shape[1])),
+            None if binary else vals,
+            first_row,
+        )

@@ -1,0 +1,68 @@
+"""The plain reference every fast path is tested against (scipy.sparse, no tricks).
+
+It applies ``Y <- min(max(Y @ W + b, 0), clip)`` to whole feature matrices.
+The only economy is dropping rows that are all zero, and only where that is
+exact: when every remaining layer maps a zero row to a zero row (bias <= 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spdnn_mpi.model import Network, SparseRows
+
+
+def droppable_after(network: Network) -> list[bool]:
+    """``out[k]``: rows dead after layer k (k = -1 .. L-1, shifted by one) stay dead.
+
+    ``out[0]`` is for dead input rows, ``out[k + 1]`` for rows dead after
+    0-based layer ``k``. True when every later layer maps zero to zero.
+    """
+    flags = [False] * (network.n_layers + 1)
+    ok = True
+    for k in range(network.n_layers, -1, -1):
+        flags[k] = ok
+        if k > 0:
+            ok = ok and network.layers[k - 1].maps_zero_to_zero
+    return flags
+
+
+def forward_dense(network: Network, features: np.ndarray) -> np.ndarray:
+    """All layers applied to every row of a dense float32 matrix, no dropping."""
+    y = np.asarray(features, dtype=np.float32)
+    for layer in network.layers:
+        z = np.asarray(layer.to_scipy_t() @ y.T, dtype=np.float32).T
+        z = z + layer.bias_vector()[None, :]
+        np.maximum(z, 0, out=z)
+        if layer.clip is not None:
+            np.minimum(z, np.float32(layer.clip), out=z)
+        y = z.astype(np.float32, copy=False)
+    return y
+
+
+def reference_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, np.ndarray]:
+    """(alive global 0-based row ids, their final features) after all layers."""
+    drop = droppable_after(network)
+    ids = np.arange(rows.n_rows, dtype=np.int64) + rows.first_row
+    y = rows.to_dense()
+    if drop[0]:
+        keep = np.diff(rows.indptr) > 0
+        ids, y = ids[keep], y[keep]
+    for k, layer in enumerate(network.layers):
+        wt = layer.to_scipy_t()
+        z = np.asarray(wt @ y.T, dtype=np.float32).T + layer.bias_vector()[None, :]
+        np.maximum(z, 0, out=z)
+        if layer.clip is not None:
+            np.minimum(z, np.float32(layer.clip), out=z)
+        y = np.ascontiguousarray(z, dtype=np.float32)
+        if drop[k + 1]:
+            keep = y.any(axis=1)
+            ids, y = ids[keep], y[keep]
+    alive = y.any(axis=1)
+    return ids[alive], y[alive]
+
+
+def reference_categories(network: Network, rows: SparseRows) -> np.ndarray:
+    """Sorted 1-based ids of the images whose final row has any nonzero."""
+    ids, _ = reference_infer(network, rows)
+    return np.sort(ids) + 1
