@@ -64,7 +64,9 @@ class Layer:
         if not isinstance(self.bias, float | int):
             self.bias = np.asarray(self.bias, dtype=np.float32)
             if self.bias.shape != (self.n_out,):
-                raise ValueError(f"bias vector has shape {self.bias.shape}, expected ({self.n_out},)")
+                raise ValueError(
+                    f"bias vector has shape {self.bias.shape}, expected ({self.n_out},)"
+                )
         else:
             self.bias = float(self.bias)
 

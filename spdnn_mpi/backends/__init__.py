@@ -1,0 +1,50 @@
+"""Compute backends behind the engine's small interface (see ``engine.Backend``).
+
+``make_backend`` is the one place that picks and builds a backend, so the
+CLI, the benchmark and the MPI driver all choose the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from spdnn_mpi.errors import SpdnnError
+
+#: name -> (module, class)
+BACKENDS = {
+    "cpu": ("spdnn_mpi.backends.cpu", "CpuBackend"),
+    "cuda": ("spdnn_mpi.backends.cuda", "CudaBackend"),
+    "reference": ("spdnn_mpi.backends.reference", "ReferenceBackend"),
+}
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(usable, reason): whether CuPy imports and sees at least one GPU."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return False, f"CuPy is not installed ({exc.name})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing or broken
+        return False, f"no usable CUDA device ({exc})"
+    if count < 1:
+        return False, "no CUDA device visible"
+    return True, f"{count} CUDA device(s) visible"
+
+
+def resolve_backend_name(name: str) -> tuple[str, str]:
+    """Map ``auto`` to ``cuda`` or ``cpu``; return (name, why)."""
+    if name != "auto":
+        if name not in BACKENDS:
+            raise SpdnnError(f"unknown backend {name!r}; choose from auto, {', '.join(BACKENDS)}")
+        return name, "asked for"
+    ok, why = cuda_available()
+    return ("cuda", why) if ok else ("cpu", why)
+
+
+def make_backend(name: str, **options):
+    """Build the backend called ``name`` (after ``resolve_backend_name``)."""
+    module_name, class_name = BACKENDS[name]
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)(**options)

@@ -1,0 +1,134 @@
+"""Fast CPU backend: fused gather + bias + ReLU + clip + row-alive flag (numba).
+
+Rows are kept in neuron-major tiles (see ``cpu_kernels``); dead rows are
+dropped by compacting the survivors into the spare buffer, so memory holds
+features of live rows only, in two buffers swapped per layer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from spdnn_mpi.engine import BatchResult
+from spdnn_mpi.model import Layer, SparseRows
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo, or 4 GiB where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(
+        self, threads: int | None = None, memory_fraction: float = 0.5, **_options
+    ) -> None:
+        import numba
+
+        from spdnn_mpi.backends import cpu_kernels
+
+        self._k = cpu_kernels
+        if threads is not None:
+            numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        self.threads = numba.get_num_threads()
+        self._memory_fraction = memory_fraction
+        self._layers: list[tuple] = []
+        self.tile_rows = cpu_kernels.TILE_ROWS
+
+    # -- network -----------------------------------------------------------
+    def load_network(self, layers: Sequence[Layer]) -> None:
+        self._layers = []
+        width = 0
+        for lay in layers:
+            uniform = lay.values is None
+            self._layers.append((
+                np.ascontiguousarray(lay.indptr, dtype=np.int64),
+                np.ascontiguousarray(lay.indices, dtype=np.int32),
+                np.float32(lay.uniform_value) if uniform else np.asarray(lay.values, np.float32),
+                uniform,
+                np.ascontiguousarray(lay.bias_vector(), dtype=np.float32),
+                np.float32(np.inf if lay.clip is None else lay.clip),
+                lay.n_out,
+            ))
+            width = max(width, lay.n_in, lay.n_out)
+        self.width = width
+
+    # -- features ----------------------------------------------------------
+    def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
+        if rows.n_cols > self.width:
+            raise ValueError(f"inputs have {rows.n_cols} columns, network is {self.width} wide")
+        nnz = np.diff(rows.indptr)
+        positions = np.flatnonzero(nnz > 0) if drop_empty else np.arange(rows.n_rows)
+        self._pos = positions.astype(np.int64)
+        n = len(positions)
+        tr = self.tile_rows
+        self._n_tiles = (n + tr - 1) // tr
+        shape = (max(self._n_tiles, 1), self.width, tr)
+        self._cur = np.zeros(shape, dtype=np.float32)
+        self._spare = np.empty(shape, dtype=np.float32)
+        self._alive = np.zeros(shape[0] * tr, dtype=np.bool_)
+        self._cur_width = rows.n_cols
+        values = rows.values if rows.values is not None else np.zeros(1, np.float32)
+        self._k.scatter_rows(self._cur, positions, rows.indptr, rows.indices.astype(np.int32),
+                             values, rows.values is None)
+        self._live: list[int] = []
+        self._n_active = n
+
+    def run_layer(self, k: int, drop_dead: bool) -> None:
+        indptr, indices, vals, uniform, bias, clip, n_out = self._layers[k]
+        kernel = self._k.layer_uniform if uniform else self._k.layer_general
+        kernel(self._cur, self._spare, self._n_tiles, indptr, indices, vals, bias, clip,
+               self._alive)
+        self._cur, self._spare = self._spare, self._cur
+        self._cur_width = n_out
+        alive = self._alive[: self._n_active]
+        n_alive = int(np.count_nonzero(alive))
+        self._live.append(n_alive)
+        if drop_dead and n_alive < self._n_active:
+            dead = self._n_active - n_alive
+            # Compact when it frees at least one tile or a tenth of the work.
+            if dead >= self.tile_rows or dead * 10 >= self._n_active:
+                keep = np.flatnonzero(alive)
+                self._k.compact(self._cur, self._spare, n_out, keep)
+                self._cur, self._spare = self._spare, self._cur
+                self._pos = self._pos[keep]
+                self._n_active = n_alive
+                self._n_tiles = (n_alive + self.tile_rows - 1) // self.tile_rows
+                self._alive[:n_alive] = True
+
+    def live_count(self) -> int:
+        return self._live[-1] if self._live else self._n_active
+
+    def finish(self, want_features: bool) -> BatchResult:
+        if self._live:
+            slots = np.flatnonzero(self._alive[: self._n_active])
+        else:  # no layers: a row is alive when its input is nonzero
+            slots = np.arange(self._n_active)
+        features = None
+        if want_features:
+            features = self._k.gather_rows(self._cur, slots.astype(np.int64), self._cur_width)
+        return BatchResult(self._pos[slots], self._live, None, features)
+
+    def max_batch_rows(self, width: int) -> int | None:
+        budget = self._memory_fraction * available_memory_bytes()
+        return max(self.tile_rows, int(budget // (2 * width * 4)))
+
+    def describe(self) -> dict:
+        return {
+            "backend": "cpu",
+            "threads": self.threads,
+            "tile_rows": self.tile_rows,
+            "cpu_count": os.cpu_count(),
+            "kernel": "numba fused gather/bias/relu/clip/alive, neuron-major tiles",
+        }

@@ -1,0 +1,58 @@
+"""The scipy.sparse reference as a backend, so ``spdnn infer --backend reference`` works.
+
+Deliberately plain: one sparse product per layer on dense float32 rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from spdnn_mpi.engine import BatchResult
+from spdnn_mpi.model import Layer, SparseRows
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def __init__(self, **_options) -> None:
+        self._layers: list = []
+
+    def load_network(self, layers: Sequence[Layer]) -> None:
+        self._layers = [(lay.to_scipy_t(), lay.bias_vector(), lay.clip) for lay in layers]
+
+    def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
+        self._pos = np.arange(rows.n_rows, dtype=np.int64)
+        self._y = rows.to_dense()
+        if drop_empty:
+            keep = np.diff(rows.indptr) > 0
+            self._pos, self._y = self._pos[keep], self._y[keep]
+        self._live: list[int] = []
+
+    def run_layer(self, k: int, drop_dead: bool) -> None:
+        wt, bias, clip = self._layers[k]
+        z = np.asarray(wt @ self._y.T, dtype=np.float32).T + bias[None, :]
+        np.maximum(z, 0, out=z)
+        if clip is not None:
+            np.minimum(z, np.float32(clip), out=z)
+        self._y = np.ascontiguousarray(z)
+        alive = self._y.any(axis=1)
+        self._live.append(int(alive.sum()))
+        if drop_dead:
+            self._pos, self._y = self._pos[alive], self._y[alive]
+
+    def live_count(self) -> int:
+        return self._live[-1] if self._live else len(self._pos)
+
+    def finish(self, want_features: bool) -> BatchResult:
+        alive = self._y.any(axis=1)
+        return BatchResult(
+            self._pos[alive], self._live, None, self._y[alive] if want_features else None
+        )
+
+    def max_batch_rows(self, width: int) -> int | None:
+        return None
+
+    def describe(self) -> dict:
+        return {"backend": "reference", "library": "scipy.sparse"}

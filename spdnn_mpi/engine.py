@@ -1,0 +1,139 @@
+"""The layer loop, written once, over any backend.
+
+For each layer the backend computes ``Y <- min(max(Y @ W + b, 0), clip)`` for
+its active rows and marks which rows are still nonzero; where that is exact
+(every later layer maps a zero row to zero) the backend drops the dead rows
+before the next layer, keeping their original image ids. Inputs that do not
+fit are processed in batches with identical results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from spdnn_mpi.model import Layer, Network, SparseRows
+from spdnn_mpi.reference import droppable_after
+
+
+@dataclass
+class BatchResult:
+    """What a backend hands back after the last layer of one batch."""
+
+    alive_rows: np.ndarray  # 0-based positions in the batch, sorted
+    live_per_layer: list[int]  # live rows after each layer
+    layer_seconds: list[float] | None = None  # per-layer time, if the backend measures it
+    features: np.ndarray | None = None  # final rows of alive_rows, if asked for
+
+
+class Backend(Protocol):
+    """What the engine needs from a compute backend (CPU, CUDA, reference)."""
+
+    name: str
+
+    def load_network(self, layers: Sequence[Layer]) -> None:
+        """Upload the weights and build the backend's layout (not timed as inference)."""
+
+    def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
+        """Replace the current features with these input rows; optionally drop empty rows."""
+
+    def run_layer(self, k: int, drop_dead: bool) -> None:
+        """Apply 0-based layer ``k``; then drop all-zero rows if ``drop_dead``. May be async."""
+
+    def live_count(self) -> int:
+        """Rows alive now (may synchronise; the engine calls it only for progress)."""
+
+    def finish(self, want_features: bool) -> BatchResult:
+        """Wait for the batch and return the surviving rows."""
+
+    def max_batch_rows(self, width: int) -> int | None:
+        """Most rows whose features fit this backend's memory at this width (None: no limit)."""
+
+    def describe(self) -> dict:
+        """Device, threads and layout facts for the report."""
+
+
+@dataclass
+class InferenceResult:
+    """Surviving rows of one rank's slice, with timings."""
+
+    alive_ids: np.ndarray  # global 0-based image ids, sorted
+    live_per_layer: np.ndarray  # summed over batches
+    seconds: float  # inference time (features upload to surviving ids on the host)
+    layer_seconds: np.ndarray | None
+    batches: int
+    features: np.ndarray | None = None
+    extra: dict = field(default_factory=dict)
+
+    def categories(self) -> np.ndarray:
+        """Sorted 1-based ids, the challenge's categories format."""
+        return self.alive_ids + 1
+
+
+ProgressFn = Callable[[int, int, int, float], None]  # (layers done, total, live rows, seconds)
+
+
+def choose_batch(backend: Backend, network: Network, n_rows: int, batch: int | None) -> int:
+    """Rows per batch: the user's choice, else all rows, else what fits the backend."""
+    if batch is not None:
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        return batch
+    width = max(max(layer.n_in, layer.n_out) for layer in network.layers)
+    fits = backend.max_batch_rows(width)
+    return max(1, min(n_rows, fits)) if fits is not None else max(1, n_rows)
+
+
+def run_inference(
+    network: Network,
+    rows: SparseRows,
+    backend: Backend,
+    *,
+    batch: int | None = None,
+    want_features: bool = False,
+    progress: ProgressFn | None = None,
+    progress_every: float = 2.0,
+) -> InferenceResult:
+    """Run every layer of ``network`` over ``rows`` on an already loaded ``backend``."""
+    drop = droppable_after(network)
+    n_layers = network.n_layers
+    batch_rows = choose_batch(backend, network, rows.n_rows, batch)
+    live = np.zeros(n_layers, dtype=np.int64)
+    layer_seconds = np.zeros(n_layers) if n_layers else None
+    alive: list[np.ndarray] = []
+    feats: list[np.ndarray] = []
+    n_batches = 0
+    t0 = time.perf_counter()
+    next_report = t0 + progress_every
+    for start in range(0, max(rows.n_rows, 1), batch_rows):
+        part = rows.slice(start, min(start + batch_rows, rows.n_rows))
+        backend.load_features(part, drop[0])
+        for k in range(n_layers):
+            backend.run_layer(k, drop[k + 1])
+            if progress is not None and time.perf_counter() >= next_report:
+                progress(k + 1, n_layers, backend.live_count(), time.perf_counter() - t0)
+                next_report = time.perf_counter() + progress_every
+        res = backend.finish(want_features)
+        n_batches += 1
+        live += np.asarray(res.live_per_layer, dtype=np.int64)
+        if res.layer_seconds is not None and layer_seconds is not None:
+            layer_seconds += np.asarray(res.layer_seconds)
+        else:
+            layer_seconds = None
+        alive.append(np.asarray(res.alive_rows, dtype=np.int64) + part.first_row)
+        if want_features and res.features is not None:
+            feats.append(res.features)
+    seconds = time.perf_counter() - t0
+    ids = np.concatenate(alive) if alive else np.zeros(0, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    features = None
+    if want_features:
+        width = network.layers[-1].n_out
+        features = np.concatenate(feats)[order] if feats else np.zeros((0, width), np.float32)
+    if progress is not None:
+        progress(n_layers, n_layers, int(len(ids)), seconds)
+    return InferenceResult(ids[order], live, seconds, layer_seconds, n_batches, features)
