@@ -1,0 +1,116 @@
+"""Run inference on a store; the same command under mpiexec/mpirun/srun.
+
+Rank 0 writes the categories file (official format) and the JSON report,
+checks against the store's truth with --check, and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", help="HDF5 store made by `spdnn generate` or `spdnn prepare`")
+    p.add_argument("--layers", type=int, default=None,
+                   help="number of layers to run (default: all layers in the store)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
+                   help="compute backend; auto picks cuda when CuPy sees a GPU, else cpu")
+    p.add_argument("--check", action="store_true",
+                   help="compare with the store's truth; exit 1 on any difference")
+    p.add_argument("--out", default=None, help="write the categories here (official TSV format)")
+    p.add_argument("--json", default=None, metavar="REPORT", help="write the run report as JSON")
+    p.add_argument("--batch", type=int, default=None,
+                   help="images per batch on each rank (default: as many as fit in memory)")
+    p.add_argument("--partition", default="count", choices=["count", "nnz"],
+                   help="split images across ranks by count or by input nonzeros")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per rank (default: usable cores / ranks on the node)")
+    p.add_argument("--oversubscribe-gpus", action="store_true",
+                   help="allow several ranks per GPU (for testing)")
+    p.add_argument("--weights-load", default="node", choices=["node", "rank"],
+                   help="node: one rank per node reads the weights and shares them; "
+                        "rank: every rank reads the store itself")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def print_progress(done: int, total: int, live: int, seconds: float) -> None:
+    rate = done / seconds if seconds > 0 else 0.0
+    print(f"  layer {done}/{total}  live rows {live}  {seconds:.1f} s  ({rate:.1f} layers/s)",
+          file=sys.stderr, flush=True)
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The human summary printed by rank 0."""
+    lines = [
+        f"network     {report['neurons']} neurons x {report['n_layers']} layers, "
+        f"{report['n_images']} images",
+        f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
+        f"load        {report['load_seconds']:.3f} s (read), "
+        f"{report['layout_seconds']:.3f} s (device layout)",
+        f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
+        f"imbalance {report['imbalance']:.3f}",
+        f"rate        {report['edges_per_second']:.4g} edges/s "
+        f"({report['teraedges_per_second']:.3f} TeraEdges/s)",
+        f"categories  {report['categories_count']} images alive after layer {report['n_layers']}",
+    ]
+    check = report.get("check")
+    if check is not None:
+        if check["passed"]:
+            lines.append(f"check       PASSED ({check['expected_count']} categories match)")
+        else:
+            lines.append(
+                f"check       FAILED: {check['missing_count']} missing "
+                f"(first {check['missing_first']}), {check['extra_count']} extra "
+                f"(first {check['extra_first']})"
+            )
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from spdnn_mpi import comm as mpi
+    from spdnn_mpi.driver import RunOptions, compare_categories, distributed_infer
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.report import write_json
+    from spdnn_mpi.store import Store
+    from spdnn_mpi.tsv import write_categories
+
+    world = mpi.world()
+    rank = world.Get_rank()
+    opts = RunOptions(
+        store=args.store, layers=args.layers, backend=args.backend, partition=args.partition,
+        batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
+        weights_load=args.weights_load, progress=None if args.quiet else print_progress,
+    )
+    if rank == 0 and not args.quiet:
+        print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)
+    report = distributed_infer(world, opts)
+
+    def finish() -> int:
+        if rank != 0:
+            return 0
+        categories = report.pop("_categories")
+        status = 0
+        if args.check:
+            with Store(args.store) as store:
+                truth = store.truth(report["n_layers"])
+                stored = store.truth_layers()
+            if truth is None:
+                raise SpdnnError(
+                    f"{args.store}: no truth stored for {report['n_layers']} layers "
+                    f"(stored: {stored or 'none'}); run without --check"
+                )
+            report["check"] = compare_categories(categories, np.asarray(truth))
+            status = 0 if report["check"]["passed"] else 1
+        if args.out:
+            write_categories(args.out, categories)
+        if args.json:
+            write_json(args.json, report)
+        print("\n".join(summary_lines(report)))
+        return status
+
+    if world.Get_size() == 1:
+        return finish()
+    return int(world.bcast(mpi.run_phase(world, finish), root=0))

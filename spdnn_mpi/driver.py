@@ -1,0 +1,203 @@
+"""One distributed inference run: load, infer, gather, check, report.
+
+The same function serves one process and any number of MPI ranks: each rank
+reads its contiguous range of images and the (replicated) weights, runs the
+engine with no communication, and rank 0 gathers the surviving ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from spdnn_mpi import comm as mpi
+from spdnn_mpi.backends import make_backend, resolve_backend_name
+from spdnn_mpi.engine import InferenceResult, run_inference
+from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.model import Layer, Network
+from spdnn_mpi.report import edges_per_second, machine_info
+from spdnn_mpi.store import Store
+
+
+@dataclass
+class RunOptions:
+    """What ``spdnn infer`` was asked to do (see its --help for each field)."""
+
+    store: str
+    layers: int | None = None
+    backend: str = "auto"
+    partition: str = "count"  # or "nnz"
+    batch: int | None = None
+    threads: int | None = None
+    oversubscribe_gpus: bool = False
+    weights_load: str = "node"  # "node": one reader per node, broadcast; "rank": every rank reads
+    progress: Callable[[int, int, int, float], None] | None = None
+
+
+def compare_categories(ours: np.ndarray, truth: np.ndarray, show: int = 10) -> dict:
+    """Exact comparison of two sorted 1-based id lists, with the first differences."""
+    missing = np.setdiff1d(truth, ours)
+    extra = np.setdiff1d(ours, truth)
+    return {
+        "passed": bool(len(missing) == 0 and len(extra) == 0),
+        "expected_count": int(len(truth)),
+        "got_count": int(len(ours)),
+        "missing_first": missing[:show].tolist(),
+        "extra_first": extra[:show].tolist(),
+        "missing_count": int(len(missing)),
+        "extra_count": int(len(extra)),
+    }
+
+
+def _layer_arrays(layer: Layer) -> list[np.ndarray]:
+    meta = np.array([layer.n_in, layer.n_out, layer.values is None, layer.bias_is_scalar,
+                     layer.clip is not None], dtype=np.int64)
+    scalars = np.array([layer.uniform_value or 0.0, layer.bias if layer.bias_is_scalar else 0.0,
+                        layer.clip or 0.0], dtype=np.float64)
+    values = layer.values if layer.values is not None else np.zeros(0, np.float32)
+    bias = np.zeros(0, np.float32) if layer.bias_is_scalar else layer.bias
+    return [meta, scalars, layer.indptr, layer.indices, values, bias]
+
+
+def _layer_from_arrays(a: list[np.ndarray]) -> Layer:
+    meta, scalars, indptr, indices, values, bias = a
+    n_in, n_out, uniform, scalar_bias, has_clip = (int(x) for x in meta)
+    return Layer(
+        n_in, n_out, indptr, indices,
+        None if uniform else values,
+        float(scalars[0]) if uniform else None,
+        float(scalars[1]) if scalar_bias else bias,
+        float(scalars[2]) if has_clip else None,
+    )
+
+
+def load_network(local_comm, store: Store, n_layers: int, mode: str) -> Network:
+    """The network on every rank: read by each rank, or once per node and broadcast."""
+    if mode == "rank" or local_comm.Get_size() == 1:
+        return store.network(n_layers)
+    if mode != "node":
+        raise SpdnnError(f"unknown --weights-load {mode!r}; choose node or rank")
+    net = store.network(n_layers) if local_comm.Get_rank() == 0 else None
+    layers = []
+    for k in range(n_layers):
+        arrays = _layer_arrays(net.layers[k]) if net is not None else None
+        layers.append(_layer_from_arrays(mpi.broadcast_arrays(local_comm, arrays)))
+    return Network(layers, store.provenance)
+
+
+def distributed_infer(comm, opts: RunOptions) -> dict | None:
+    """Run inference across ``comm``; rank 0 returns the report (others None).
+
+    Any rank's failure in a phase stops every rank with that rank's message.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    node, local = mpi.node_info(comm)
+    backend_name, why = resolve_backend_name(opts.backend)
+    state: dict = {}
+
+    def load() -> None:
+        store = Store(opts.store)
+        n_layers = opts.layers or store.n_layers
+        if not 1 <= n_layers <= store.n_layers:
+            raise SpdnnError(f"{opts.store}: --layers {n_layers}, store has {store.n_layers}")
+        n_images = store.n_images
+        if opts.partition == "nnz":
+            weights = store.input_row_nnz() if rank == 0 else None
+            bounds = mpi.partition(n_images, size, weights) if rank == 0 else None
+        elif opts.partition == "count":
+            bounds = mpi.partition(n_images, size)
+        else:
+            raise SpdnnError(f"unknown --partition {opts.partition!r}; choose count or nnz")
+        state.update(store=store, n_layers=n_layers, n_images=n_images, bounds=bounds)
+
+    mpi.run_phase(comm, load)
+    state["bounds"] = comm.bcast(state["bounds"], root=0)
+
+    def setup() -> None:
+        t0 = time.perf_counter()
+        store: Store = state["store"]
+        start, stop = (int(x) for x in state["bounds"][rank : rank + 2])
+        rows = store.inputs(start, stop)
+        network = load_network(local, store, state["n_layers"], opts.weights_load)
+        t1 = time.perf_counter()
+        options: dict = {}
+        if backend_name == "cuda":
+            import cupy
+
+            def uuid_of(dev: int) -> str:
+                props = cupy.cuda.runtime.getDeviceProperties(dev)
+                return bytes(props.get("uuid", b"")).hex() or f"index-{dev}"
+
+            visible = cupy.cuda.runtime.getDeviceCount()
+            options["device"] = mpi.choose_gpu(node, local, visible, uuid_of,
+                                               opts.oversubscribe_gpus)
+        else:
+            options["threads"] = mpi.cpu_threads_per_rank(node.local_size, opts.threads)
+        backend = make_backend(backend_name, **options)
+        backend.load_network(network.layers)
+        t2 = time.perf_counter()
+        state.update(rows=rows, network=network, backend=backend, start=start, stop=stop,
+                     load_seconds=t1 - t0, layout_seconds=t2 - t1)
+
+    mpi.run_phase(comm, setup)
+
+    def infer() -> InferenceResult:
+        return run_inference(state["network"], state["rows"], state["backend"],
+                             batch=opts.batch, progress=opts.progress if rank == 0 else None)
+
+    result: InferenceResult = mpi.run_phase(comm, infer)
+    state["store"].close()
+
+    ids = mpi.gather_ids(comm, result.alive_ids)
+    live = np.zeros_like(result.live_per_layer)
+    comm.Reduce(result.live_per_layer, live, root=0)
+    per_rank = comm.gather({
+        "rank": rank,
+        "host": node.hostname,
+        "local_rank": node.local_rank,
+        "images": state["stop"] - state["start"],
+        "first_image": state["start"],
+        "input_nnz": state["rows"].nnz,
+        "load_seconds": state["load_seconds"],
+        "layout_seconds": state["layout_seconds"],
+        "inference_seconds": result.seconds,
+        "alive_at_end": int(len(result.alive_ids)),
+        "batches": result.batches,
+        "backend": state["backend"].describe(),
+    }, root=0)
+    if rank != 0:
+        return None
+
+    network: Network = state["network"]
+    n_images = state["n_images"]
+    edges = network.edges()
+    times = np.array([r["inference_seconds"] for r in per_rank])
+    slowest = float(times.max())
+    categories = np.sort(ids) + 1
+    eps = edges_per_second(n_images, edges, slowest)
+    return {
+        "store": str(opts.store),
+        "n_layers": state["n_layers"],
+        "neurons": network.n_inputs,
+        "n_images": n_images,
+        "edges_per_image": edges,
+        "backend": backend_name,
+        "backend_choice": why,
+        "ranks": size,
+        "partition": opts.partition,
+        "inference_seconds": slowest,
+        "edges_per_second": eps,
+        "teraedges_per_second": eps / 1e12,
+        "load_seconds": max(r["load_seconds"] for r in per_rank),
+        "layout_seconds": max(r["layout_seconds"] for r in per_rank),
+        "imbalance": float(slowest / times.mean()) if times.mean() > 0 else 1.0,
+        "live_rows_per_layer": live.tolist(),
+        "layer_seconds": None if result.layer_seconds is None else result.layer_seconds.tolist(),
+        "categories_count": int(len(categories)),
+        "per_rank": per_rank,
+        "machine": machine_info(),
+        "_categories": categories,
+    }
