@@ -1,0 +1,64 @@
+"""Shared fixtures: random networks and the location of the real challenge data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spdnn_mpi.model import Layer, Network, SparseRows
+
+
+def challenge_dir() -> Path:
+    """../shared/graphchallenge beside the checkout (SPDNN_CHALLENGE_DIR overrides)."""
+    env = os.environ.get("SPDNN_CHALLENGE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "graphchallenge"
+
+
+@pytest.fixture
+def real_dir() -> Path:
+    path = challenge_dir() / "neuron1024"
+    if not path.is_dir():
+        pytest.skip(f"real challenge network not found at {path} (set SPDNN_CHALLENGE_DIR)")
+    return path
+
+
+def random_network(
+    rng: np.random.Generator,
+    widths: list[int],
+    density: float = 0.2,
+    *,
+    uniform: bool = False,
+    bias: str = "scalar",
+    clip: float | None = 32.0,
+) -> Network:
+    """A random sparse MLP with the given layer widths.
+
+    bias: "scalar" (negative), "vector" (per neuron, mostly negative),
+    "positive" (some per-neuron biases > 0, so dead rows may not be dropped).
+    """
+    layers = []
+    for n_in, n_out in zip(widths[:-1], widths[1:]):
+        mask = rng.random((n_in, n_out)) < density
+        i, j = np.nonzero(mask)
+        vals = np.full(len(i), 0.25) if uniform else rng.normal(0.3, 0.5, len(i))
+        if bias == "scalar":
+            b: float | np.ndarray = float(-rng.uniform(0.05, 0.5))
+        elif bias == "vector":
+            b = rng.uniform(-0.6, 0.05, n_out).astype(np.float32)
+        else:
+            b = rng.uniform(-0.3, 0.3, n_out).astype(np.float32)
+        layers.append(Layer.from_coo(i, j, vals, n_in, n_out, bias=b, clip=clip))
+    return Network(layers)
+
+
+def random_inputs(rng: np.random.Generator, n_rows: int, n_cols: int, density: float = 0.1,
+                  binary: bool = True) -> SparseRows:
+    dense = (rng.random((n_rows, n_cols)) < density).astype(np.float32)
+    if not binary:
+        dense *= rng.uniform(0.1, 2.0, dense.shape).astype(np.float32)
+    return SparseRows.from_dense(dense)
