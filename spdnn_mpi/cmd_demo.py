@@ -1,0 +1,62 @@
+"""The built-in default case: 1024 neurons x 120 layers, MNIST-derived inputs.
+
+Generated once into a user cache directory (with reference truth), then
+inferred and checked: the one command to see the whole pipeline work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEMO_NEURONS = 1024
+DEMO_LAYERS = 120
+
+
+def cache_dir() -> Path:
+    """$SPDNN_CACHE_DIR, else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi."""
+    if os.environ.get("SPDNN_CACHE_DIR"):
+        return Path(os.environ["SPDNN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "spdnn_mpi"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
+                   help="compute backend; auto picks cuda when CuPy sees a GPU, else cpu")
+    p.add_argument("--images", type=int, default=60000, help="number of input images")
+    p.add_argument("--seed", type=int, default=1, help="seed of the generated network")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where the demo store is kept (default: $SPDNN_CACHE_DIR or "
+                        "~/.cache/spdnn_mpi)")
+    p.add_argument("--regenerate", action="store_true", help="rebuild the cached store")
+    p.add_argument("--json", default=None, metavar="REPORT", help="write the report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def demo_store(args) -> Path:
+    """The cached demo store, generated on first use (atomically)."""
+    from spdnn_mpi.cmd_generate import generate_store
+
+    directory = args.cache_dir or cache_dir()
+    path = directory / f"demo-n{DEMO_NEURONS}-l{DEMO_LAYERS}-i{args.images}-s{args.seed}.h5"
+    if args.regenerate or not path.exists():
+        if not args.quiet:
+            print(f"spdnn demo: generating {path} (once)", file=sys.stderr, flush=True)
+        generate_store(path, DEMO_NEURONS, DEMO_LAYERS, args.seed, images=args.images,
+                       truth_layers=[DEMO_LAYERS], quiet=args.quiet)
+    elif not args.quiet:
+        print(f"spdnn demo: using cached {path}", file=sys.stderr, flush=True)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    from spdnn_mpi.cli import main
+
+    path = demo_store(args)
+    argv = ["infer", str(path), "--backend", args.backend, "--check"]
+    argv += ["--json", args.json] if args.json else []
+    argv += ["--quiet"] if args.quiet else []
+    return main(argv)
