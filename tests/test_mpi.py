@@ -1,0 +1,88 @@
+"""Distributed inference under MPI (run with `mpiexec -n P python -m pytest --with-mpi`).
+
+Every test also runs with one process; under several ranks the categories
+must equal the single-process reference whatever the rank count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_inputs, random_network
+
+from spdnn_mpi.driver import RunOptions, distributed_infer
+from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.reference import reference_categories
+from spdnn_mpi.store import StoreWriter
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def make_store(comm, tmp_path_factory, n_images: int, seed: int = 21):
+    """Rank 0 writes a random store; every rank gets its path and the expected categories."""
+    path = None
+    if comm.Get_rank() == 0:
+        rng = np.random.default_rng(seed)
+        net = random_network(rng, [48, 48, 48, 48, 48], 0.2, uniform=True)
+        rows = random_inputs(rng, n_images, 48, 0.25)
+        path = tmp_path_factory.mktemp("mpi") / "store.h5"
+        with StoreWriter(path) as w:
+            for layer in net.layers:
+                w.add_layer(layer)
+            w.write_inputs(rows)
+            w.add_truth(4, reference_categories(net, rows), "reference")
+        expected = reference_categories(net, rows)
+    else:
+        expected = None
+    path = comm.bcast(str(path) if path else None, root=0)
+    return path, comm.bcast(expected, root=0)
+
+
+@pytest.mark.parametrize("partition", ["count", "nnz"])
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_categories_equal_single_process(comm, tmp_path_factory, partition, backend):
+    path, expected = make_store(comm, tmp_path_factory, 301)
+    report = distributed_infer(comm, RunOptions(store=path, backend=backend,
+                                                partition=partition, threads=1))
+    if comm.Get_rank() == 0:
+        assert 0 < len(expected) < 301
+        np.testing.assert_array_equal(report["_categories"], expected)
+        assert report["ranks"] == comm.Get_size()
+        firsts = [r["first_image"] for r in report["per_rank"]]
+        sizes = [r["images"] for r in report["per_rank"]]
+        assert firsts == sorted(firsts) and sum(sizes) == 301
+        assert all(f + s == nf for f, s, nf in zip(firsts, sizes, firsts[1:] + [301]))
+        assert report["imbalance"] >= 1.0
+    else:
+        assert report is None
+
+
+def test_ranks_with_zero_images(comm, tmp_path_factory):
+    path, expected = make_store(comm, tmp_path_factory, 2, seed=5)
+    report = distributed_infer(comm, RunOptions(store=path, backend="cpu", threads=1))
+    if comm.Get_rank() == 0:
+        np.testing.assert_array_equal(report["_categories"], expected)
+
+
+def test_weights_read_per_rank_or_per_node_agree(comm, tmp_path_factory):
+    path, expected = make_store(comm, tmp_path_factory, 120, seed=9)
+    for mode in ("node", "rank"):
+        report = distributed_infer(comm, RunOptions(store=path, backend="cpu", threads=1,
+                                                    weights_load=mode))
+        if comm.Get_rank() == 0:
+            np.testing.assert_array_equal(report["_categories"], expected)
+
+
+def test_one_failing_rank_stops_every_rank(comm, tmp_path_factory):
+    path, _ = make_store(comm, tmp_path_factory, 50)
+    bad_rank = comm.Get_size() - 1
+    mine = "/nonexistent/store.h5" if comm.Get_rank() == bad_rank else path
+    with pytest.raises(SpdnnError, match=f"rank {bad_rank} of {comm.Get_size()}"):
+        distributed_infer(comm, RunOptions(store=mine, backend="cpu", threads=1))
