@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: serial tests, then the MPI tests under 1, 2 and 3 ranks.
+# GPU tests skip with a reason where there is no GPU; Slurm tests run only when
+# SPDNN_SLURM_TESTS=1 (set by .ci/run after it starts a local Slurm cluster).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+MPIEXEC=${MPIEXEC:-mpiexec}
+for n in 1 2 3; do
+    echo "== MPI tests on $n rank(s)"
+    timeout 600 "$MPIEXEC" -n "$n" "$PY" -m pytest -q --with-mpi -p no:cacheprovider \
+        tests/test_mpi.py tests/test_cli_mpi.py -m mpi 2>&1 | tail -n 3
+done
+echo "== serial tests"
+exec "$PY" -m pytest -q -rs --durations=10 "$@"

@@ -1,0 +1,107 @@
+"""`spdnn infer` end to end: outputs, report, --check, and errors (one process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from conftest import random_inputs, random_network
+
+from spdnn_mpi.cli import main
+from spdnn_mpi.reference import reference_categories
+from spdnn_mpi.store import StoreWriter
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    rng = np.random.default_rng(21)
+    net = random_network(rng, [48] * 5, 0.2, uniform=True)
+    rows = random_inputs(rng, 301, 48, 0.25)
+    path = tmp_path / "store.h5"
+    with StoreWriter(path, {"test": True}) as w:
+        for layer in net.layers:
+            w.add_layer(layer)
+        w.write_inputs(rows)
+        w.add_truth(4, reference_categories(net, rows), "reference")
+        w.add_truth(2, reference_categories(net.truncated(2), rows), "reference")
+    return path, reference_categories(net, rows), reference_categories(net.truncated(2), rows)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "auto"])
+def test_infer_writes_categories_and_report(small_store, tmp_path, backend, capsys):
+    path, expected, _ = small_store
+    out, rep = tmp_path / "cats.tsv", tmp_path / "report.json"
+    assert main(["infer", str(path), "--backend", backend, "--check", "--out", str(out),
+                 "--json", str(rep), "--quiet"]) == 0
+    got = np.loadtxt(out, dtype=np.int64, ndmin=1)
+    np.testing.assert_array_equal(got, expected)
+    report = json.loads(rep.read_text())
+    assert report["check"]["passed"] and report["categories_count"] == len(expected)
+    assert report["ranks"] == 1 and report["edges_per_second"] > 0
+    assert len(report["live_rows_per_layer"]) == 4
+    assert report["machine"]["hostname"]
+    assert "PASSED" in capsys.readouterr().out
+
+
+def test_infer_fewer_layers(small_store):
+    path, _, expected2 = small_store
+    assert main(["infer", str(path), "--layers", "2", "--check", "--quiet",
+                 "--backend", "cpu"]) == 0
+    assert len(expected2) > 0
+
+
+def test_check_fails_loudly_on_altered_truth(small_store, tmp_path, capsys):
+    path, expected, _ = small_store
+    with h5py.File(path, "r+") as f:
+        truth = f["truth/l4"]
+        altered = np.r_[truth[()][1:], [10**6]]
+        del f["truth/l4"]
+        d = f["truth"].create_dataset("l4", data=altered)
+        d.attrs["n_layers"] = 4
+    rep = tmp_path / "r.json"
+    assert main(["infer", str(path), "--check", "--quiet", "--backend", "cpu",
+                 "--json", str(rep)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and str(int(expected[0])) in out and "1000000" in out
+    assert json.loads(rep.read_text())["check"]["passed"] is False
+
+
+def test_check_without_truth_is_an_error(small_store, capsys):
+    path, _, _ = small_store
+    assert main(["infer", str(path), "--layers", "3", "--check", "--quiet"]) == 2
+    assert "no truth stored for 3 layers" in capsys.readouterr().err
+
+
+def test_bad_arguments_name_the_problem(small_store, tmp_path, capsys):
+    path, _, _ = small_store
+    assert main(["infer", str(tmp_path / "missing.h5"), "--quiet"]) == 2
+    assert "missing.h5" in capsys.readouterr().err
+    assert main(["infer", str(path), "--layers", "9", "--quiet"]) == 2
+    assert "--layers 9" in capsys.readouterr().err
+    notstore = tmp_path / "x.h5"
+    notstore.write_text("hello")
+    assert main(["infer", str(notstore), "--quiet"]) == 2
+    assert "not a readable HDF5 file" in capsys.readouterr().err
+
+
+def test_batches_give_identical_categories(small_store, tmp_path):
+    path, expected, _ = small_store
+    out = tmp_path / "c.tsv"
+    assert main(["infer", str(path), "--batch", "17", "--out", str(out), "--quiet",
+                 "--backend", "cpu"]) == 0
+    np.testing.assert_array_equal(np.loadtxt(out, dtype=np.int64), expected)
+
+
+def test_python_dash_m_entry_point(small_store):
+    path, _, _ = small_store
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-m", "spdnn_mpi", "infer", str(path), "--check",
+                           "--backend", "cpu"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "check       PASSED" in proc.stdout and "layer" in proc.stderr

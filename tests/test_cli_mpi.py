@@ -1,0 +1,90 @@
+"""`spdnn infer` under mpiexec: same files for every rank count; failures stop all ranks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import random_inputs, random_network
+
+from spdnn_mpi.reference import reference_categories
+from spdnn_mpi.store import StoreWriter
+
+
+def write_store(path, seed=21, n_images=301):
+    rng = np.random.default_rng(seed)
+    net = random_network(rng, [48] * 5, 0.2, uniform=True)
+    rows = random_inputs(rng, n_images, 48, 0.25)
+    with StoreWriter(path) as w:
+        for layer in net.layers:
+            w.add_layer(layer)
+        w.write_inputs(rows)
+        w.add_truth(4, reference_categories(net, rows), "reference")
+    return reference_categories(net, rows)
+
+
+@pytest.mark.mpi
+def test_cli_under_mpi_writes_checked_categories(tmp_path_factory):
+    from mpi4py import MPI
+
+    from spdnn_mpi.cli import main
+
+    comm = MPI.COMM_WORLD
+    d = comm.bcast(str(tmp_path_factory.mktemp("cli")) if comm.rank == 0 else None)
+    expected = write_store(f"{d}/s.h5") if comm.rank == 0 else None
+    comm.Barrier()
+    status = main(["infer", f"{d}/s.h5", "--backend", "cpu", "--threads", "1", "--check",
+                   "--out", f"{d}/c.tsv", "--json", f"{d}/r.json", "--quiet",
+                   "--partition", "nnz"])
+    assert status == 0
+    if comm.rank == 0:
+        np.testing.assert_array_equal(np.loadtxt(f"{d}/c.tsv", dtype=np.int64), expected)
+        assert os.path.exists(f"{d}/r.json")
+
+
+def _mpiexec() -> str:
+    exe = os.environ.get("MPIEXEC") or shutil.which("mpiexec")
+    if not exe:
+        pytest.skip("no mpiexec on PATH (install the mpich extra)")
+    return exe
+
+
+def test_one_rank_with_a_bad_path_stops_everyone_quickly(tmp_path):
+    """MPMD launch: ranks 0-1 get a good store, rank 2 a missing one."""
+    mpiexec = _mpiexec()
+    write_store(tmp_path / "good.h5")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "spdnn_mpi", "infer", "--backend", "cpu", "--threads", "1",
+           "--quiet", "--out", str(tmp_path / "c.tsv")]
+    argv = [mpiexec, "-n", "2", *cmd, str(tmp_path / "good.h5"), ":",
+            "-n", "1", *cmd, str(tmp_path / "missing.h5")]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "rank 2 of 3" in proc.stderr and "missing.h5" in proc.stderr
+    assert not (tmp_path / "c.tsv").exists()
+    assert elapsed < 60
+
+
+def test_check_failure_gives_nonzero_exit_on_every_rank(tmp_path):
+    import h5py
+
+    mpiexec = _mpiexec()
+    write_store(tmp_path / "s.h5")
+    with h5py.File(tmp_path / "s.h5", "r+") as f:
+        t = f["truth/l4"][()]
+        del f["truth/l4"]
+        f["truth"].create_dataset("l4", data=t[1:]).attrs["n_layers"] = 4
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "spdnn_mpi", "infer",
+                           str(tmp_path / "s.h5"), "--check", "--backend", "cpu",
+                           "--threads", "1", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "FAILED" in proc.stdout
