@@ -1,0 +1,90 @@
+"""Describe a store: network shape, inputs, truth and provenance.
+
+Reads only attributes and small arrays (row pointers, truth), never the
+weights, so it is quick on any store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", type=Path, help="store file written by prepare or generate")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def describe(path: str | Path) -> dict:
+    """``Store.summary()`` plus the size and source of every truth set."""
+    from spdnn_mpi.store import Store
+
+    with Store(path) as store:
+        info = store.summary()
+        info["truth"] = {
+            str(n_l): {"survivors": len(store.truth(n_l)), "computed_by": store.truth_source(n_l)}
+            for n_l in info["truth_layers"]
+        }
+    return info
+
+
+def _size(n_bytes: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n_bytes < 1000 or unit == "TB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1000
+    return ""  # pragma: no cover
+
+
+def _flatten(prefix: str, value, out: list[tuple[str, str]]) -> None:
+    if isinstance(value, dict) and value:
+        for k in sorted(value):
+            _flatten(f"{prefix}.{k}" if prefix else str(k), value[k], out)
+    else:
+        out.append((prefix, json.dumps(value) if not isinstance(value, str) else value))
+
+
+def format_text(info: dict) -> str:
+    """The human-readable form ``spdnn info`` prints."""
+    lines = [
+        f"store        {info['path']}",
+        f"size         {_size(info['file_bytes'])} (schema {info['schema_version']}, "
+        f"created {info['created'] or 'unknown'})",
+        f"network      {info['n_layers']} layers, {info['neurons_in']} -> {info['neurons_out']} "
+        f"neurons, {info['edges']:,} edges",
+    ]
+    if "images" in info:
+        density = info["input_nnz"] / max(info["images"] * (info["neurons_in"] or 1), 1)
+        kind = "binary" if info["inputs_binary"] else "valued"
+        lines.append(
+            f"inputs       {info['images']:,} images, {info['input_nnz']:,} nonzeros "
+            f"({100 * density:.1f}% dense, {kind})"
+        )
+    else:
+        lines.append("inputs       none")
+    if info["truth"]:
+        for k, (n_l, t) in enumerate(info["truth"].items()):
+            head = "truth" if k == 0 else ""
+            lines.append(
+                f"{head:<13}{n_l} layers: {t['survivors']:,} surviving images ({t['computed_by']})"
+            )
+    else:
+        lines.append("truth        none")
+    flat: list[tuple[str, str]] = []
+    _flatten("", info.get("provenance") or {}, flat)
+    for k, (key, value) in enumerate(flat):
+        head = "provenance" if k == 0 else ""
+        lines.append(f"{head:<13}{key}: {value}")
+    if not flat:
+        lines.append("provenance   none recorded")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = describe(args.store)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(format_text(info))
+    return 0

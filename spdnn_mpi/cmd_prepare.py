@@ -1,0 +1,261 @@
+"""Convert official Graph Challenge TSV files into a store.
+
+Reads a ``neuron{N}`` folder layer by layer (never the whole network), plus
+optionally the ``sparse-images-{N}.tsv`` inputs and ``neuron{N}-l{L}-
+categories.tsv`` truth files, and writes one store atomically: on any error
+nothing is left under the output name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_CLIP = 32.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weights",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="the neuron{N} folder holding n{N}-l{k}.tsv[.gz]",
+    )
+    p.add_argument(
+        "--neurons",
+        type=int,
+        default=None,
+        metavar="N",
+        help="neurons per layer (default: from the folder or file names)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="L",
+        help="number of layers (default: all consecutive layer files found)",
+    )
+    p.add_argument(
+        "--inputs",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="sparse-images-{N}.tsv[.gz] input file",
+    )
+    p.add_argument(
+        "--images",
+        type=int,
+        default=None,
+        metavar="COUNT",
+        help="number of input images (default: the largest image id in --inputs)",
+    )
+    p.add_argument(
+        "--categories",
+        action="append",
+        default=[],
+        metavar="[L=]FILE",
+        help="truth file neuron{N}-l{L}-categories.tsv (L from the name, or "
+        "given as L=FILE); repeatable",
+    )
+    p.add_argument(
+        "--bias",
+        type=float,
+        default=None,
+        help="bias of every layer (default: the challenge value for N)",
+    )
+    clip = p.add_mutually_exclusive_group()
+    clip.add_argument("--clip", type=float, default=DEFAULT_CLIP, help="upper clip (YMAX)")
+    clip.add_argument(
+        "--no-clip", dest="clip", action="store_const", const=None, help="no upper clip"
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="STORE", help="store to write")
+    p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def parse_categories_arg(text: str) -> tuple[int, Path]:
+    """``L=FILE`` or a file named ``neuron{N}-l{L}-categories.tsv[.gz]`` -> (L, path)."""
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.tsv import CATEGORIES_RE
+
+    m = re.fullmatch(r"(\d+)=(.+)", text)
+    if m:
+        return int(m.group(1)), Path(m.group(2))
+    path = Path(text)
+    named = CATEGORIES_RE.match(path.name)
+    if not named:
+        raise SpdnnError(
+            f"--categories {text}: cannot tell the layer count from the file name "
+            "(expected neuron{N}-l{L}-categories.tsv); write it as L=FILE"
+        )
+    return int(named.group(2)), path
+
+
+class _Progress:
+    """Layer progress on stderr, at most about once a second."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total = total
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.edges = 0
+
+    def layer_done(self, k: int, nnz: int) -> None:
+        self.edges += nnz
+        now = time.perf_counter()
+        if self.enabled and (now - self.last >= 1.0 or k == self.total):
+            dt = max(now - self.start, 1e-9)
+            print(
+                f"spdnn prepare: layer {k}/{self.total}  {k / dt:.1f} layers/s  "
+                f"{self.edges / dt / 1e6:.1f} M edges/s",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.last = now
+
+
+def _log(enabled: bool, message: str) -> None:
+    if enabled:
+        print(f"spdnn prepare: {message}", file=sys.stderr, flush=True)
+
+
+def prepare_store(
+    weights: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    neurons: int | None = None,
+    n_layers: int | None = None,
+    inputs: str | os.PathLike | None = None,
+    n_images: int | None = None,
+    categories: Mapping[int, str | os.PathLike] | None = None,
+    bias: float | None = None,
+    clip: float | None = DEFAULT_CLIP,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Convert an official tree (one N) into a store at ``out``; returns its path.
+
+    Everything cheap is checked before the long part starts (every layer file
+    exists, truth files parse); layers are then read and written one at a
+    time, so memory stays at one layer plus the inputs. Errors raise
+    SpdnnError/InputFormatError and leave no file under ``out``.
+    """
+    from spdnn_mpi import __version__, tsv
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.model import challenge_bias
+    from spdnn_mpi.store import StoreWriter
+
+    weights = Path(weights)
+    out = Path(out)
+    if out.exists() and not force:
+        raise SpdnnError(f"{out} exists; pass --force to replace it")
+    if out.is_dir():
+        raise SpdnnError(f"{out} is a directory")
+    if not weights.is_dir():
+        raise SpdnnError(f"{weights}: no such weights folder")
+    if neurons is None:
+        neurons = tsv.infer_neurons(weights)
+    found = tsv.count_layers(weights, neurons)
+    if n_layers is None:
+        if found == 0:
+            tsv.layer_path(weights, neurons, 1)  # raises: names the missing first file
+        n_layers = found
+    if n_layers < 1:
+        raise SpdnnError(f"--layers must be at least 1, got {n_layers}")
+    layer_files = [tsv.layer_path(weights, neurons, k) for k in range(1, n_layers + 1)]
+    bias = challenge_bias(neurons) if bias is None else float(bias)
+    categories = dict(categories or {})
+    for n_l in categories:
+        if not 1 <= n_l <= n_layers:
+            raise SpdnnError(
+                f"truth {categories[n_l]} is for {n_l} layers but the store gets {n_layers}; "
+                f"use --layers {n_l} (or more) or leave that file out"
+            )
+
+    t0 = time.perf_counter()
+    truth = {}
+    for n_l, path in sorted(categories.items()):
+        truth[n_l] = tsv.read_categories(path, n_images)
+    rows = None
+    if inputs is not None:
+        _log(progress, f"reading inputs {inputs}")
+        rows = tsv.read_images(inputs, neurons, n_images)
+        for n_l, ids in truth.items():
+            if len(ids) and ids[-1] > rows.n_rows:
+                raise SpdnnError(
+                    f"{categories[n_l]}: image id {int(ids[-1])} beyond the {rows.n_rows} "
+                    "images of the inputs (pass --images)"
+                )
+        _log(
+            progress,
+            f"inputs: {rows.n_rows} images, {rows.nnz} nonzeros ({time.perf_counter() - t0:.1f} s)",
+        )
+
+    provenance = {
+        "tool": "spdnn prepare",
+        "spdnn_mpi_version": __version__,
+        "prepared": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "source": {
+            "format": "graphchallenge-tsv",
+            "weights_dir": str(weights.resolve()),
+            "layer_files": f"{layer_files[0].name} .. {layer_files[-1].name}",
+            "inputs": str(Path(inputs).resolve()) if inputs is not None else None,
+            "categories": {str(k): str(Path(v).resolve()) for k, v in sorted(categories.items())},
+        },
+        "neurons": neurons,
+        "layers": n_layers,
+        "bias": bias,
+        "clip": clip,
+        "images": rows.n_rows if rows is not None else n_images,
+    }
+    _log(progress, f"{n_layers} layers of N={neurons} from {weights} -> {out}")
+    with StoreWriter(out, provenance) as writer:
+        if rows is not None:
+            writer.write_inputs(rows)
+            rows = None  # free before the layers
+        for n_l, ids in sorted(truth.items()):
+            writer.add_truth(n_l, ids, f"official categories file {Path(categories[n_l]).name}")
+        bar = _Progress(n_layers, progress)
+        for k, layer in enumerate(
+            tsv.iter_layers(weights, neurons, n_layers, bias=bias, clip=clip), start=1
+        ):
+            writer.add_layer(layer)
+            bar.layer_done(k, layer.nnz)
+    _log(
+        progress,
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
+    )
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    categories: dict[int, Path] = {}
+    for text in args.categories:
+        n_l, path = parse_categories_arg(text)
+        if n_l in categories:
+            from spdnn_mpi.errors import SpdnnError
+
+            raise SpdnnError(f"two truth files for {n_l} layers: {categories[n_l]} and {path}")
+        categories[n_l] = path
+    prepare_store(
+        args.weights,
+        args.out,
+        neurons=args.neurons,
+        n_layers=args.layers,
+        inputs=args.inputs,
+        n_images=args.images,
+        categories=categories,
+        bias=args.bias,
+        clip=args.clip,
+        force=args.force,
+        progress=not args.quiet,
+    )
+    return 0
