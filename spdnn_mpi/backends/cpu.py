@@ -45,6 +45,8 @@ class CpuBackend:
         self._memory_fraction = memory_fraction
         self._layers: list[tuple] = []
         self.tile_rows = cpu_kernels.TILE_ROWS
+        self._cur: np.ndarray | None = None
+        self._spare: np.ndarray | None = None
 
     # -- network -----------------------------------------------------------
     def load_network(self, layers: Sequence[Layer]) -> None:
@@ -74,16 +76,28 @@ class CpuBackend:
         n = len(positions)
         tr = self.tile_rows
         self._n_tiles = (n + tr - 1) // tr
-        shape = (max(self._n_tiles, 1), self.width, tr)
-        self._cur = np.zeros(shape, dtype=np.float32)
-        self._spare = np.empty(shape, dtype=np.float32)
-        self._alive = np.zeros(shape[0] * tr, dtype=np.bool_)
+        self._ensure_buffers(max(self._n_tiles, 1))
         self._cur_width = rows.n_cols
         values = rows.values if rows.values is not None else np.zeros(1, np.float32)
-        self._k.scatter_rows(self._cur, positions, rows.indptr, rows.indices.astype(np.int32),
-                             values, rows.values is None)
+        self._k.scatter_rows(self._cur, self._n_tiles, positions, rows.indptr,
+                             rows.indices.astype(np.int32), values, rows.values is None)
         self._live: list[int] = []
         self._n_active = n
+
+    def _ensure_buffers(self, n_tiles: int) -> None:
+        """Two feature buffers of at least ``n_tiles`` tiles, reused across batches and runs.
+
+        Reuse keeps page faults of fresh allocations out of later runs; a
+        buffer more than twice too large is given back.
+        """
+        have = self._cur.shape[0] if self._cur is not None else 0
+        if n_tiles <= have <= 2 * n_tiles and self._cur.shape[1] == self.width:
+            return
+        self._cur = self._spare = None
+        shape = (n_tiles, self.width, self.tile_rows)
+        self._cur = np.empty(shape, dtype=np.float32)
+        self._spare = np.empty(shape, dtype=np.float32)
+        self._alive = np.zeros(n_tiles * self.tile_rows, dtype=np.bool_)
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
         indptr, indices, vals, uniform, bias, clip, n_out = self._layers[k]

@@ -86,14 +86,24 @@ def compact(src, dst, width, keep):
                     dst[t, i, r] = 0.0
 
 
-@njit(cache=True, nogil=True)
-def scatter_rows(tiles, rows, indptr, indices, values, binary):
-    """Write sparse input rows ``rows`` (positions in the CSR) into zeroed tiles."""
-    for s in range(len(rows)):
-        q = rows[s]
-        t, r = s // TILE_ROWS, s % TILE_ROWS
-        for p in range(indptr[q], indptr[q + 1]):
-            tiles[t, indices[p], r] = 1.0 if binary else values[p]
+@njit(parallel=True, cache=True, nogil=True)
+def scatter_rows(tiles, n_tiles, rows, indptr, indices, values, binary):
+    """Zero the first ``n_tiles`` tiles and write sparse input rows ``rows`` into them.
+
+    Parallel over tiles, so first-touch page faults of a fresh buffer are
+    taken by all threads.
+    """
+    width = tiles.shape[1]
+    for t in prange(n_tiles):
+        for i in range(width):
+            for r in range(TILE_ROWS):
+                tiles[t, i, r] = 0.0
+        for r in range(TILE_ROWS):
+            s = t * TILE_ROWS + r
+            if s < len(rows):
+                q = rows[s]
+                for p in range(indptr[q], indptr[q + 1]):
+                    tiles[t, indices[p], r] = 1.0 if binary else values[p]
 
 
 @njit(parallel=True, cache=True, nogil=True)
