@@ -1,0 +1,255 @@
+"""``spdnn prepare`` and ``spdnn info``: TSV tree -> store -> arrays, and clean failures."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_inputs, random_network
+
+from spdnn_mpi import tsv
+from spdnn_mpi.cli import main
+from spdnn_mpi.errors import StoreError
+from spdnn_mpi.model import Layer
+from spdnn_mpi.store import Store, StoreWriter
+
+N = 16
+
+
+@pytest.fixture
+def tree(tmp_path) -> dict:
+    """A small official-layout tree: 4 layers of N=16, 30 images, truth for 2 and 4 layers."""
+    rng = np.random.default_rng(11)
+    net = random_network(rng, [N] * 5, density=0.3)
+    # every neuron used, as in a challenge network (iter_layers checks the extent)
+    for layer in net.layers:
+        assert layer.indices.max() == N - 1 and np.diff(layer.indptr)[-1] > 0
+    rows = random_inputs(rng, 30, N)
+    root = tmp_path / "tree"
+    tsv.write_tree(root, net, rows, {2: np.array([1, 7, 30]), 4: np.array([7])})
+    return {"root": root, "net": net, "rows": rows, "weights": root / f"neuron{N}"}
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_prepare_round_trip(tree, tmp_path, capsys):
+    out = tmp_path / "out" / "net.h5"
+    root = tree["root"]
+    rc = main(
+        [
+            "prepare",
+            "--weights", str(tree["weights"]),
+            "--inputs", str(root / f"sparse-images-{N}.tsv"),
+            "--categories", str(root / f"neuron{N}-l2-categories.tsv"),
+            "--categories", f"4={root / f'neuron{N}-l4-categories.tsv'}",
+            "--bias", "-0.25",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    assert "layer 4/4" in capsys.readouterr().err
+    with Store(out) as store:
+        assert store.n_layers == 4
+        for k, layer in enumerate(tree["net"].layers):
+            got = store.layer(k)
+            np.testing.assert_array_equal(got.indptr, layer.indptr)
+            np.testing.assert_array_equal(got.indices, layer.indices)
+            np.testing.assert_array_equal(got.weight_values(), layer.weight_values())
+            assert got.bias == np.float32(-0.25) and got.clip == 32.0
+        np.testing.assert_array_equal(store.inputs().to_dense(), tree["rows"].to_dense())
+        assert store.truth_layers() == [2, 4]
+        np.testing.assert_array_equal(store.truth(2), [1, 7, 30])
+        assert store.provenance["tool"] == "spdnn prepare"
+        assert store.provenance["source"]["categories"]["4"].endswith("l4-categories.tsv")
+
+
+def test_prepare_options(tree, tmp_path, capsys):
+    out = tmp_path / "net.h5"
+    argv = ["prepare", "--weights", str(tree["weights"]), "--layers", "2", "--no-clip"]
+    assert main([*argv, "--quiet", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+    with Store(out) as store:
+        assert store.n_layers == 2 and not store.has_inputs
+        layer = store.layer(1)
+        assert layer.clip is None
+        assert layer.bias == np.float32(-0.30 - 0.05 * np.log(N / 1024) / np.log(4))
+    # an existing store is kept unless --force
+    assert main([*argv, "--quiet", "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main([*argv, "--quiet", "--force", "--layers", "3", "--out", str(out)]) == 0
+    with Store(out) as store:
+        assert store.n_layers == 3
+
+
+def test_info(tree, tmp_path, capsys):
+    out = tmp_path / "net.h5"
+    root = tree["root"]
+    main(
+        [
+            "prepare", "--quiet", "--weights", str(tree["weights"]), "--out", str(out),
+            "--inputs", str(root / f"sparse-images-{N}.tsv"),
+            "--categories", str(root / f"neuron{N}-l4-categories.tsv"),
+        ]
+    )  # fmt: skip
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "4 layers, 16 -> 16 neurons" in text
+    assert "30 images" in text and "binary" in text
+    assert "4 layers: 1 surviving images" in text
+    assert "tool: spdnn prepare" in text
+    assert main(["info", "--json", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_layers"] == 4 and info["images"] == 30
+    assert info["truth"]["4"]["survivors"] == 1
+    assert info["input_nnz"] == tree["rows"].nnz
+    assert main(["info", str(tmp_path / "missing.h5")]) == 2
+
+
+def test_prepare_real_network(real_dir, tmp_path, capsys):
+    out = tmp_path / "n1024.h5"
+    assert main(["prepare", "--weights", str(real_dir), "--layers", "12", "--out", str(out)]) == 0
+    assert "layer 12/12" in capsys.readouterr().err
+    with Store(out) as store:
+        assert store.n_layers == 12
+        assert store.provenance["neurons"] == 1024
+        for k in range(12):
+            layer = store.layer(k)
+            assert layer.row_degree == 32 and layer.uniform_value == 1 / 16
+            assert np.all(np.bincount(layer.indices, minlength=1024) == 32)
+            assert layer.bias == np.float32(-0.30) and layer.clip == 32.0
+    # 12 layers at 2 bytes per index plus metadata
+    assert out.stat().st_size < 12 * 32768 * 2 * 1.2
+
+
+# ---------------------------------------------------------------------------
+# failures: exit 2, a message naming file and line, nothing left behind
+# ---------------------------------------------------------------------------
+def _corrupt_line(path: Path, line: int, text: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[line - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _bad_layer_line(tree):
+    _corrupt_line(tree["weights"] / f"n{N}-l3.tsv", 5, "7\tseven\t0.5")
+    return [], f"n{N}-l3.tsv:5: output neuron j is not an integer"
+
+
+def _zero_based(tree):
+    _corrupt_line(tree["weights"] / f"n{N}-l2.tsv", 2, "0\t1\t0.5")
+    return [], f"n{N}-l2.tsv:2: input neuron i 0 is not a 1-based id"
+
+
+def _duplicate(tree):
+    path = tree["weights"] / f"n{N}-l1.tsv"
+    first = path.read_text().splitlines()[0]
+    path.write_text(path.read_text() + first + "\n")
+    n = len(path.read_text().splitlines())
+    return [], f"n{N}-l1.tsv:{n}: duplicate entry"
+
+
+def _missing_layer(tree):
+    (tree["weights"] / f"n{N}-l3.tsv").unlink()
+    return ["--layers", "4"], f"n{N}-l3.tsv: missing layer file"
+
+
+def _truncated_gzip(tree):
+    path = tree["weights"] / f"n{N}-l2.tsv"
+    data = gzip.compress(path.read_bytes())
+    path.unlink()
+    path.with_name(path.name + ".gz").write_bytes(data[: len(data) - 20])
+    return [], (f"n{N}-l2.tsv.gz:", "gzip data")
+
+
+def _other_network(tree):
+    small = random_network(np.random.default_rng(1), [8, 8], density=1.0).layers[0]
+    tsv.write_layer(tree["weights"] / f"n{N}-l4.tsv", small)
+    return [], "it belongs to a different network"
+
+
+def _bad_images(tree):
+    path = tree["root"] / f"sparse-images-{N}.tsv"
+    _corrupt_line(path, 3, "2\t17\t1")
+    return ["--inputs", str(path)], f"sparse-images-{N}.tsv:3: pixel 17 is beyond"
+
+
+def _bad_categories(tree):
+    path = tree["root"] / f"neuron{N}-l2-categories.tsv"
+    path.write_text("1\n7\n1\n")
+    return ["--categories", str(path)], f"neuron{N}-l2-categories.tsv:3: duplicate image id 1"
+
+
+def _truth_beyond_layers(tree):
+    path = tree["root"] / f"neuron{N}-l4-categories.tsv"
+    return ["--layers", "3", "--categories", str(path)], "is for 4 layers but the store gets 3"
+
+
+def _truth_beyond_images(tree):
+    root = tree["root"]
+    return [
+        "--inputs", str(root / f"sparse-images-{N}.tsv"), "--images", "20",
+        "--categories", str(root / f"neuron{N}-l2-categories.tsv"),
+    ], "image id 30 is beyond the 20 allowed"  # fmt: skip
+
+
+def _unnamed_categories(tree):
+    path = tree["root"] / "truth.tsv"
+    path.write_text("1\n")
+    return ["--categories", str(path)], "write it as L=FILE"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _bad_layer_line,
+        _zero_based,
+        _duplicate,
+        _missing_layer,
+        _truncated_gzip,
+        _other_network,
+        _bad_images,
+        _bad_categories,
+        _truth_beyond_layers,
+        _truth_beyond_images,
+        _unnamed_categories,
+    ],
+)
+def test_prepare_fails_cleanly(tree, tmp_path, capsys, case):
+    extra, fragment = case(tree)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    rc = main(
+        ["prepare", "--weights", str(tree["weights"]), "--out", str(out_dir / "s.h5"), *extra]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2
+    for part in (fragment,) if isinstance(fragment, str) else fragment:
+        assert part in err, err
+    assert "Traceback" not in err
+    assert leftovers(out_dir) == []
+
+
+def test_store_writer_is_atomic(tmp_path):
+    final = tmp_path / "s.h5"
+    layer = Layer.from_coo([0, 1], [1, 0], [1.0, 2.0], 2, 2)
+    with pytest.raises(RuntimeError), StoreWriter(final) as writer:
+        writer.add_layer(layer)
+        raise RuntimeError("interrupted in the middle")
+    assert leftovers(tmp_path) == []
+    with pytest.raises(StoreError):
+        Store(final)
+    # an existing store survives a failed rewrite untouched
+    with StoreWriter(final) as writer:
+        writer.add_layer(layer)
+    before = final.read_bytes()
+    with pytest.raises(KeyboardInterrupt), StoreWriter(final) as writer:
+        writer.add_layer(layer)
+        writer.add_layer(layer)
+        raise KeyboardInterrupt
+    assert final.read_bytes() == before and leftovers(tmp_path) == ["s.h5"]
