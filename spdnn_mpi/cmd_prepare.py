@@ -33,14 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="neurons per layer (default: from the folder or file names)",
+        help="neurons per layer; when not given, read from the folder or file names",
     )
     p.add_argument(
         "--layers",
         type=int,
         default=None,
         metavar="L",
-        help="number of layers (default: all consecutive layer files found)",
+        help="number of layers; when not given, all consecutive layer files found",
     )
     p.add_argument(
         "--inputs",
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="COUNT",
-        help="number of input images (default: the largest image id in --inputs)",
+        help="number of input images; when not given, the largest image id in --inputs",
     )
     p.add_argument(
         "--categories",
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bias",
         type=float,
         default=None,
-        help="bias of every layer (default: the challenge value for N)",
+        help="bias of every layer; when not given, the challenge value for N",
     )
     clip = p.add_mutually_exclusive_group()
     clip.add_argument("--clip", type=float, default=DEFAULT_CLIP, help="upper clip (YMAX)")
@@ -259,3 +259,56 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     return 0
+
+
+def convert_tree(
+    root: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    neurons: list[int] | None = None,
+    split: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> list[Path]:
+    """Convert every network of an official tree into stores; returns their paths.
+
+    One store per N, ``neuron{N}-l{L}.h5`` with all L layers found and every
+    truth file that fits; with ``split``, one store per truth file instead
+    (``neuron{N}-l{L}.h5`` holding the first L layers), as the 120- and
+    480-layer networks are the first layers of the 1920-layer one.
+    """
+    from spdnn_mpi import tsv
+    from spdnn_mpi.errors import SpdnnError
+
+    nets = tsv.scan_tree(root)
+    if neurons:
+        nets = [n for n in nets if n.neurons in neurons]
+    if not nets:
+        wanted = f" for N in {neurons}" if neurons else ""
+        raise SpdnnError(f"{root}: no neuron{{N}} folder with layer files{wanted}")
+    out_dir = Path(out_dir)
+    written = []
+    for net in nets:
+        fits = {n_l: p for n_l, p in net.categories.items() if n_l <= net.n_layers}
+        for n_l, p in net.categories.items():
+            if n_l > net.n_layers:
+                _log(progress, f"skipping {p}: {n_l} layers wanted, {net.n_layers} found")
+        if split and fits:
+            jobs = [(n_l, {n_l: p}) for n_l, p in fits.items()]
+        else:
+            jobs = [(net.n_layers, fits)]
+        for n_l, truth in jobs:
+            out = out_dir / f"neuron{net.neurons}-l{n_l}.h5"
+            written.append(
+                prepare_store(
+                    net.weights_dir,
+                    out,
+                    neurons=net.neurons,
+                    n_layers=n_l,
+                    inputs=net.images,
+                    categories=truth,
+                    force=force,
+                    progress=progress,
+                )
+            )
+    return written
