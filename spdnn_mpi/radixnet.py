@@ -134,14 +134,16 @@ def radixnet_layer(neurons: int, layer: int, seed: int = 0, shuffle: str = "cycl
 def iter_radixnet(
     neurons: int, n_layers: int, seed: int = 0, shuffle: str = "cycle", first: int = 1
 ) -> Iterator[Layer]:
-    """Layers ``first .. first + n_layers - 1`` one at a time, so callers can stream them."""
+    """Layers ``first .. first + n_layers - 1`` one at a time, so callers can stream them.
+
+    Arguments are checked here, before the first layer is asked for.
+    """
     base_layer_count(neurons)
     _check_seed(seed)
     _check_shuffle(shuffle)
-    if n_layers < 1:
-        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    for layer in range(first, first + n_layers):
-        yield radixnet_layer(neurons, layer, seed, shuffle)
+    if n_layers < 1 or first < 1:
+        raise ValueError(f"n_layers and first must be >= 1, got {n_layers} and {first}")
+    return (radixnet_layer(neurons, k, seed, shuffle) for k in range(first, first + n_layers))
 
 
 def radixnet_network(neurons: int, n_layers: int, seed: int = 0, shuffle: str = "cycle") -> Network:

@@ -75,7 +75,9 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="from 1"):
         radixnet_layer(1024, 0)
     with pytest.raises(ValueError, match="n_layers"):
-        next(iter_radixnet(1024, 0))
+        iter_radixnet(1024, 0)  # checked before the first layer is asked for
+    with pytest.raises(ValueError, match="seed"):
+        iter_radixnet(1024, 5, seed=-3)
 
 
 @pytest.mark.parametrize("neurons", [64, 256, 1024])
