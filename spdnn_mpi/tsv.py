@@ -263,68 +263,94 @@ def _parse_block(buf, ncols, max_a, max_b, out_a, out_b, out_v, line0, blank0, e
 
 
 @njit(cache=True, nogil=True)
-def _coo_to_csr(rows, cols, vals, n_rows):
-    """Stable counting sort of (row, col, value) into CSR, columns sorted per row.
+def _scatter(rows, cols, vals, fill, out_c, out_v):
+    """Stable counting-sort step: entry k goes to ``fill[rows[k]]++``.
 
-    Returns (indptr, indices, values, has_duplicates). File order that is
-    already row-major with increasing columns (the official layout) costs one
-    pass; other orders are sorted per row.
+    ``vals``/``out_v`` may be empty (binary inputs carry no values).
     """
-    nnz = rows.shape[0]
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
-    for k in range(nnz):
-        indptr[rows[k] + 1] += 1
-    for r in range(n_rows):
-        indptr[r + 1] += indptr[r]
-    fill = indptr[:-1].copy()
-    out_c = np.empty(nnz, dtype=cols.dtype)
-    out_v = np.empty(nnz, dtype=vals.dtype)
-    for k in range(nnz):
-        d = fill[rows[k]]
-        fill[rows[k]] = d + 1
+    with_vals = out_v.shape[0] > 0
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        d = fill[r]
+        fill[r] = d + 1
         out_c[d] = cols[k]
-        out_v[d] = vals[k]
+        if with_vals:
+            out_v[d] = vals[k]
+
+
+@njit(cache=True, nogil=True)
+def _sort_rows(indptr, cols, vals):
+    """Sort each CSR row by column in place; True if some row repeats a column.
+
+    Rows already in increasing order (the official layouts) cost one check.
+    """
+    with_vals = vals.shape[0] > 0
     dup = False
-    for r in range(n_rows):
+    for r in range(indptr.shape[0] - 1):
         lo = indptr[r]
         hi = indptr[r + 1]
         ordered = True
         for k in range(lo + 1, hi):
-            if out_c[k] <= out_c[k - 1]:
+            if cols[k] <= cols[k - 1]:
                 ordered = False
                 break
         if not ordered:
-            order = np.argsort(out_c[lo:hi], kind="mergesort")
-            out_c[lo:hi] = out_c[lo:hi][order]
-            out_v[lo:hi] = out_v[lo:hi][order]
+            order = np.argsort(cols[lo:hi], kind="mergesort")
+            cols[lo:hi] = cols[lo:hi][order]
+            if with_vals:
+                vals[lo:hi] = vals[lo:hi][order]
             for k in range(lo + 1, hi):
-                if out_c[k] == out_c[k - 1]:
+                if cols[k] == cols[k - 1]:
                     dup = True
+    return dup
+
+
+def _coo_to_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n_rows: int):
+    """(indptr, indices, values, has_duplicates): CSR with columns sorted per row."""
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+    out_c = np.empty(len(cols), dtype=cols.dtype)
+    out_v = np.empty(len(vals), dtype=vals.dtype)
+    _scatter(rows, cols, vals, indptr[:-1].copy(), out_c, out_v)
+    dup = _sort_rows(indptr, out_c, out_v)
     return indptr, out_c, out_v, dup
 
 
 @njit(cache=True, nogil=True)
-def _first_duplicate(rows, cols, indptr, sorted_cols, n_cols):
-    """(position, first position) of the earliest entry repeating an earlier (row, col)."""
-    n_rows = indptr.shape[0] - 1
+def _duplicate_keys(indptr, sorted_cols, n_cols):
+    """Sorted distinct keys ``row * n_cols + col`` of the pairs a sorted CSR repeats."""
     nkeys = 0
-    keys = np.empty(sorted_cols.shape[0], dtype=np.int64)
-    for r in range(n_rows):
+    keys = np.empty(16, dtype=np.int64)
+    for r in range(indptr.shape[0] - 1):
         for k in range(indptr[r] + 1, indptr[r + 1]):
             if sorted_cols[k] == sorted_cols[k - 1]:
                 key = np.int64(r) * n_cols + np.int64(sorted_cols[k])
                 if nkeys == 0 or keys[nkeys - 1] != key:
+                    if nkeys == keys.shape[0]:
+                        grown = np.empty(2 * nkeys, dtype=np.int64)
+                        grown[:nkeys] = keys
+                        keys = grown
                     keys[nkeys] = key
                     nkeys += 1
-    keys = keys[:nkeys]
-    first = np.full(nkeys, -1, dtype=np.int64)
+    return keys[:nkeys]
+
+
+@njit(cache=True, nogil=True)
+def _scan_duplicates(rows, cols, n_cols, keys, first, offset):
+    """Find, in file order, the first entry whose key was already seen.
+
+    ``first[i]`` holds the position where key ``i`` was first seen (-1: not
+    yet); entry k of this block is at position ``offset + k``. Returns
+    (position, first position) or (-1, -1) to continue with the next block.
+    """
+    nkeys = keys.shape[0]
     for k in range(rows.shape[0]):
         key = np.int64(rows[k]) * n_cols + np.int64(cols[k])
         i = np.searchsorted(keys, key)
         if i < nkeys and keys[i] == key:
             if first[i] >= 0:
-                return k, first[i]
-            first[i] = k
+                return offset + k, first[i]
+            first[i] = offset + k
     return -1, -1
 
 
@@ -543,7 +569,8 @@ def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
 
 def _duplicate_error(path, rows, cols, indptr, sorted_cols, n_cols, what) -> InputFormatError:
     """Locate the earliest repeated (row, col) pair; ``what(row, col)`` describes it."""
-    pos, first = _first_duplicate(rows, cols, indptr, sorted_cols, n_cols)
+    keys = _duplicate_keys(indptr, sorted_cols, n_cols)
+    pos, first = _scan_duplicates(rows, cols, n_cols, keys, np.full(len(keys), -1), 0)
     pair = what(int(rows[pos]) + 1, int(cols[pos]) + 1)
     return InputFormatError(
         path, int(pos) + 1, f"duplicate entry {pair}, already given on line {int(first) + 1}"
@@ -598,25 +625,35 @@ def read_images(
     *,
     block_bytes: int = BLOCK_BYTES,
 ) -> SparseRows:
-    """Read ``image pixel value`` lines as binary-aware CSR input rows.
+    """Read ``image pixel value`` lines as CSR input rows (values dropped when all 1).
 
     ``n_rows`` defaults to the largest image id in the file; ids beyond a
-    given ``n_rows`` or beyond ``n_cols`` pixels are errors. A file sorted by
-    image then pixel (the official order) is read in one streaming pass that
-    never holds a per-entry row array; other orders are sorted afterwards
-    (about 2.5x the memory of the result). Values are dropped when all are 1.
+    given ``n_rows`` or beyond ``n_cols`` pixels are errors. Memory stays near
+    the size of the result whatever the line order: a file sorted by image
+    then pixel is read in one pass that keeps only the pixel ids; any other
+    order (such as pixel-major, as MATLAB's ``find`` writes) is counted in the
+    same pass and placed in a second one, so no per-line image id array is
+    ever held.
     """
     path = Path(path)
-    max_rows = MAX_ID if n_rows is None else n_rows
+    bound = MAX_ID if n_rows is None else n_rows
     idx_dtype = index_dtype(n_cols)
+
+    def blocks():
+        return _parse_file(path, 3, bound, n_cols, _IMAGE_FIELDS, block_bytes)
+
+    # pass 1: row-major files finish here; others leave counts per image
     cols_parts: list[np.ndarray] = []
     vals_parts: list[np.ndarray | None] = []
     run_rows: list[np.ndarray] = []
     run_lens: list[np.ndarray] = []
-    rows_parts: list[np.ndarray] | None = None  # only once the order is broken
+    counts: np.ndarray | None = None  # set once the order is broken
+    binary = True
     prev_row, prev_col, done = -1, -1, 0
-    for a, b, v in _parse_file(path, 3, max_rows, n_cols, _IMAGE_FIELDS, block_bytes):
-        if rows_parts is None:
+    for a, b, v in blocks():
+        all_ones = bool(np.all(v == 1.0))
+        binary = binary and all_ones
+        if counts is None:
             rr, rl, brk, dup = _row_runs(a, b, prev_row, prev_col)
             if dup:
                 line = done + int(brk) + 1
@@ -629,31 +666,20 @@ def read_images(
             if brk < 0:
                 run_rows.append(rr)
                 run_lens.append(rl)
+                cols_parts.append(b.astype(idx_dtype))
+                vals_parts.append(None if all_ones else v)
                 if len(a):
                     prev_row, prev_col = int(a[-1]), int(b[-1])
-            else:
-                rows_parts = [np.repeat(r.astype(np.int32), n) for r, n in zip(run_rows, run_lens)]
-                rows_parts.append(a)
-                run_rows, run_lens = [], []
-        else:
-            rows_parts.append(a)
-        cols_parts.append(b.astype(idx_dtype))
-        vals_parts.append(None if np.all(v == 1.0) else v)
+                done += len(a)
+                continue
+            counts = np.zeros(0, dtype=np.int64)
+            for r, n in zip(run_rows, run_lens):
+                counts = _add_counts(counts, r, n)
+            cols_parts, vals_parts, run_rows, run_lens = [], [], [], []
+        counts = _add_counts(counts, a, None)
         done += len(a)
-    binary = all(p is None for p in vals_parts)
-    vals = None
-    if not binary:
-        vals = _concat(
-            [
-                np.ones(len(c), np.float32) if p is None else p
-                for c, p in zip(cols_parts, vals_parts)
-            ],
-            np.float32,
-        )
-    del vals_parts
-    cols = _concat(cols_parts, idx_dtype)
-    del cols_parts
-    if rows_parts is None:
+
+    if counts is None:
         rr = _concat(run_rows, np.int64)
         rl = _concat(run_lens, np.int64)
         if n_rows is None:
@@ -661,18 +687,68 @@ def read_images(
         indptr = np.zeros(n_rows + 1, dtype=np.int64)
         np.add.at(indptr, rr + 1, rl)
         np.cumsum(indptr, out=indptr)
-        return SparseRows(n_cols, indptr, cols, vals)
-    rows = _concat(rows_parts, np.int32)
-    del rows_parts
+        vals = None
+        if not binary:
+            vals = _concat(
+                [
+                    np.ones(len(c), np.float32) if p is None else p
+                    for c, p in zip(cols_parts, vals_parts)
+                ],
+                np.float32,
+            )
+        del vals_parts
+        return SparseRows(n_cols, indptr, _concat(cols_parts, idx_dtype), vals)
+
+    # pass 2: place every entry at its row's next free slot
+    nonzero = np.flatnonzero(counts)
+    used = int(nonzero[-1]) + 1 if len(nonzero) else 0
     if n_rows is None:
-        n_rows = int(rows.max()) + 1 if len(rows) else 0
-    sort_vals = vals if vals is not None else np.empty(len(cols), np.bool_)
-    indptr, indices, out_v, dup = _coo_to_csr(rows, cols, sort_vals, n_rows)
-    if dup:
-        raise _duplicate_error(
-            path, rows, cols, indptr, indices, n_cols, lambda r, c: f"(image, pixel) = ({r}, {c})"
-        )
-    return SparseRows(n_cols, indptr, indices, None if binary else out_v)
+        n_rows = used
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    indptr[1 : used + 1] = counts[:used]
+    np.cumsum(indptr, out=indptr)
+    del counts
+    cols = np.empty(done, dtype=idx_dtype)
+    vals = np.empty(0 if binary else done, dtype=np.float32)
+    fill = indptr[:-1].copy()
+    seen = 0
+    for a, b, v in blocks():
+        seen += len(a)
+        if seen > done:
+            break
+        _scatter(a, b, v, fill, cols, vals)
+    if seen != done or not np.array_equal(fill, indptr[1:]):
+        raise InputFormatError(path, None, "the file changed while it was being read")
+    if _sort_rows(indptr, cols, vals):
+        # pass 3 (error path only): the earliest line repeating an (image, pixel) pair
+        keys = _duplicate_keys(indptr, cols, n_cols)
+        first = np.full(len(keys), -1, dtype=np.int64)
+        offset = 0
+        for a, b, _ in blocks():
+            pos, first_pos = _scan_duplicates(a, b, n_cols, keys, first, offset)
+            if pos >= 0:
+                k = pos - offset
+                raise InputFormatError(
+                    path,
+                    int(pos) + 1,
+                    f"duplicate entry (image, pixel) = ({int(a[k]) + 1}, {int(b[k]) + 1}), "
+                    f"already given on line {int(first_pos) + 1}",
+                )
+            offset += len(a)
+    return SparseRows(n_cols, indptr, cols, None if binary else vals)
+
+
+def _add_counts(counts: np.ndarray, rows: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+    """``counts[r] += lengths`` (or 1) for each r in ``rows``, growing ``counts`` as needed."""
+    if not len(rows):
+        return counts
+    top = int(rows.max()) + 1
+    if top > len(counts):
+        grown = np.zeros(max(top, 2 * len(counts)), dtype=np.int64)
+        grown[: len(counts)] = counts
+        counts = grown
+    counts[:top] += np.bincount(rows, weights=lengths, minlength=top).astype(np.int64)
+    return counts
 
 
 def read_categories(path: str | os.PathLike, n_images: int | None = None) -> np.ndarray:

@@ -119,22 +119,29 @@ def test_whitespace_tolerance(tmp_path):
 
 
 @pytest.mark.parametrize("binary", [True, False])
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_images_round_trip(tmp_path, binary, shuffle):
+@pytest.mark.parametrize("order", ["row-major", "pixel-major", "shuffled"])
+def test_images_round_trip(tmp_path, binary, order):
     rng = np.random.default_rng(3)
     rows = random_inputs(rng, 40, 25, density=0.15, binary=binary)
     path = tmp_path / "sparse-images-25.tsv.gz"
     tsv.write_images(path, rows)
-    if shuffle:
+    if order != "row-major":
         lines = gzip.decompress(path.read_bytes()).decode().splitlines()
-        rng.shuffle(lines)
+        if order == "shuffled":
+            rng.shuffle(lines)
+        else:  # as MATLAB's find(Y) writes them: by pixel, then image
+            lines.sort(key=lambda t: (int(t.split()[1]), int(t.split()[0])))
         path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     for block in (16, 1 << 20):
         back = tsv.read_images(path, 25, 40, block_bytes=block)
         assert_same_rows(rows, back)
-    # without n_rows the count is the largest image id
+        assert back.indices.dtype == np.uint16
+        ids = back.indices.astype(np.int64)
+        assert all(np.all(np.diff(ids[lo:hi]) > 0) for lo, hi in zip(back.indptr, back.indptr[1:]))
+    # without n_rows the count is the largest image id; more rows may be asked for
     last = int(np.flatnonzero(np.diff(rows.indptr))[-1]) + 1
     assert tsv.read_images(path, 25).n_rows == last
+    assert tsv.read_images(path, 25, 50).n_rows == 50
 
 
 def test_images_file_format(tmp_path):
