@@ -1,0 +1,62 @@
+"""`spdnn bench` (table, JSON, peers, simulated ranks) and `spdnn demo` on small data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from spdnn_mpi.cli import main
+from spdnn_mpi.peers import graphblas_infer
+from spdnn_mpi.store import Store
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "s.h5"
+    assert main(["generate", "--neurons", "1024", "--layers", "12", "--images", "400",
+                 "--seed", "3", "--out", str(path), "--quiet"]) == 0
+    return path
+
+
+def test_bench_store_with_graphblas_peer_and_simulated_ranks(tiny_store, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", str(tiny_store), "--backend", "cpu", "--peer", "graphblas",
+                 "--ranks-sim", "3", "--repeat", "2", "--json", str(out), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "graphblas_s" in table and "proj_speedup" in table and "pass" in table
+    res = json.loads(out.read_text())["results"][0]
+    assert res["neurons"] == 1024 and res["layers"] == 12 and len(res["seconds_all"]) == 2
+    assert res["check"]["passed"] and res["peers"]["graphblas"]["agrees"]
+    assert len(res["ranks_sim"]["seconds"]) == 3 and res["ranks_sim"]["imbalance"] >= 1.0
+
+
+def test_graphblas_peer_matches_truth(tiny_store):
+    with Store(tiny_store) as st:
+        net, rows, truth = st.network(), st.inputs(), st.truth(12)
+    ids, seconds = graphblas_infer(net, rows, threads=1)
+    np.testing.assert_array_equal(ids + 1, truth)
+    assert seconds > 0
+
+
+def test_bench_generated_config(tmp_path, capsys):
+    assert main(["bench", "--config", "1024x6", "--images", "200", "--data-dir",
+                 str(tmp_path), "--backend", "cpu", "--repeat", "1", "--quiet"]) == 0
+    assert "1024" in capsys.readouterr().out
+    assert list(tmp_path.glob("radixnet-n1024-l6-*.h5"))
+
+
+def test_bench_needs_something_to_do(capsys):
+    assert main(["bench", "--quiet"]) == 2
+    assert "nothing to benchmark" in capsys.readouterr().err
+
+
+def test_demo_generates_once_then_reuses(tmp_path, capsys):
+    argv = ["demo", "--images", "300", "--cache-dir", str(tmp_path), "--backend", "cpu"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "PASSED" in first.out and "generating" in first.err
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert "PASSED" in second.out and "using cached" in second.err
