@@ -1,0 +1,133 @@
+// Shared definitions of the spdnn CUDA kernels: device-resident state and the
+// per-layer plan (live count, prefix over tiles, compaction decision).
+//
+// Features live in tiles of 32 rows stored neuron-major: element (row r of
+// tile t, neuron i) is at t * tstride + i * 32 + r, so one warp (lane = row)
+// reads 128 contiguous bytes per input neuron.  Everything the layer loop
+// needs to decide (rows alive, tiles in use, which buffer is current) lives in
+// a small int array on the device, so the host never waits inside the loop.
+#pragma once
+
+#ifndef SPDNN_SMEM_THREADS
+#define SPDNN_SMEM_THREADS 512
+#endif
+#ifndef SPDNN_GLOBAL_THREADS
+#define SPDNN_GLOBAL_THREADS 256
+#endif
+#ifndef SPDNN_GLOBAL_WARP_OUTPUTS
+#define SPDNN_GLOBAL_WARP_OUTPUTS 8  // outputs one warp computes per work item (global kernel)
+#endif
+#ifndef SPDNN_SMEM_ITEMS_PER_BLOCK
+#define SPDNN_SMEM_ITEMS_PER_BLOCK 4  // split outputs until each block has this many items
+#endif
+#ifndef SPDNN_COMPACT_DIV
+#define SPDNN_COMPACT_DIV 10  // compact when it frees at least 1/DIV of the tiles
+#endif
+#ifndef SPDNN_COMPACT_WARP_NEURONS
+#define SPDNN_COMPACT_WARP_NEURONS 64
+#endif
+
+// Slots of the int state array.
+#define ST_ROWS 0         // active row slots
+#define ST_TILES 1        // tiles in use = ceil(rows / 32)
+#define ST_SEL 2          // features are in buffer SEL (0 or 1)
+#define ST_POS_SEL 3      // row positions are in pos array POS_SEL
+#define ST_DO_COMPACT 4   // set by the plan, consumed by compact_rows
+#define ST_NEW_ROWS 5     // rows alive after the last layer
+#define ST_DONE 6         // finished-block counter (last-block pattern)
+#define ST_DID_COMPACT 7  // the last layer was followed by a compaction
+#define ST_COMPACTIONS 8  // compactions so far (reported)
+#define ST_SIZE 16
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ int ld_state(const int* state, int slot) {
+  return __ldcg(state + slot);
+}
+
+// Bits of the rows of tile t that hold a real row (the last tile may be partial).
+__device__ __forceinline__ u32 valid_bits(int t, int n_rows) {
+  const int left = n_rows - t * 32;
+  if (left >= 32) return 0xffffffffu;
+  if (left <= 0) return 0u;
+  return (1u << left) - 1u;
+}
+
+__device__ __forceinline__ u64 global_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Every block calls this at its end; returns true in exactly one block, the
+// last to finish, after all other blocks' writes are visible.
+__device__ __forceinline__ bool last_block_done(int* state) {
+  __shared__ bool s_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const u32 prev = atomicAdd(reinterpret_cast<u32*>(state + ST_DONE), 1u);
+    s_last = (prev == gridDim.x - 1);
+  }
+  __syncthreads();
+  if (s_last) __threadfence();
+  return s_last;
+}
+
+// Run by all threads of the last block of a layer kernel: count live rows
+// (mask & valid), exclusive prefix of live rows over tiles into tile_base,
+// clear the other parity's masks for the next layer, record the count and
+// decide whether compact_rows should move the survivors.
+__device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
+                           int* live_hist, u64* stamps, int k, int drop_dead) {
+  __shared__ int s_warp[32];
+  const int n_tiles = ld_state(state, ST_TILES);
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int carry = 0;
+  for (int base = 0; base < n_tiles; base += blockDim.x) {
+    const int t = base + threadIdx.x;
+    int c = 0;
+    if (t < n_tiles) {
+      c = __popc(__ldcg(mask + t) & valid_bits(t, n_rows));
+      next_mask[t] = 0u;
+    }
+    int x = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < nwarps ? s_warp[lane] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += y;
+      }
+      s_warp[lane] = w;
+    }
+    __syncthreads();
+    if (t < n_tiles) tile_base[t] = carry + x - c + (warp ? s_warp[warp - 1] : 0);
+    carry += s_warp[nwarps - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    live_hist[k] = carry;
+    const int new_tiles = (carry + 31) / 32;
+    const int freed = n_tiles - new_tiles;
+    const int compact = drop_dead && freed > 0 && freed * SPDNN_COMPACT_DIV >= n_tiles;
+    state[ST_DO_COMPACT] = compact;
+    state[ST_NEW_ROWS] = carry;
+    state[ST_DID_COMPACT] = 0;
+    if (!compact) state[ST_SEL] ^= 1;
+    stamps[k + 1] = global_ns();
+    __threadfence();
+    state[ST_DONE] = 0;
+  }
+}

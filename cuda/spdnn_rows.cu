@@ -1,0 +1,80 @@
+// Row bookkeeping kernels: write sparse input rows into zeroed tiles, and move
+// the surviving rows into dense tiles after a layer (compaction), driven by
+// the plan that the layer's last block wrote into the device state.
+#include "spdnn_common.cuh"
+
+// One warp per row slot s: copy input row rowsel[s] of a CSR block into tile
+// s / 32, lane s % 32.  values == null: binary inputs (every entry 1).
+template <typename I>
+__global__ void scatter_rows(float* buf, i64 tstride, const int* __restrict__ rowsel,
+                             int n_active, const i64* __restrict__ indptr,
+                             const I* __restrict__ indices, const float* __restrict__ values,
+                             int* pos) {
+  const int lane = threadIdx.x & 31;
+  const int nw = (blockDim.x >> 5) * gridDim.x;
+  for (int s = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); s < n_active; s += nw) {
+    const int q = rowsel[s];
+    if (lane == 0) pos[s] = q;
+    float* row = buf + (i64)(s >> 5) * tstride + (s & 31);
+    const i64 p1 = indptr[q + 1];
+    for (i64 p = indptr[q] + lane; p < p1; p += 32) {
+      row[(i64)indices[p] * 32] = values ? values[p] : 1.0f;
+    }
+  }
+}
+
+extern "C" __global__ void stamp(u64* stamps, int slot) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) stamps[slot] = global_ns();
+}
+
+// Move the rows alive after layer k into dense tiles of the spare buffer.
+// Does nothing unless the plan asked for it; then the survivors' new slot is
+// tile_base[t] + (alive lanes below this one), so order is kept.
+extern "C" __global__ void __launch_bounds__(256)
+    compact_rows(float* buf0, float* buf1, i64 tstride, int width, int* pos0, int* pos1,
+                 int* state, const u32* masks, int max_tiles, const int* tile_base, u64* stamps,
+                 int k) {
+  if (!ld_state(state, ST_DO_COMPACT)) return;  // uniform over the grid
+  const int sel = ld_state(state, ST_SEL);
+  const float* src = sel ? buf0 : buf1;  // the layer's output
+  float* dst = sel ? buf1 : buf0;
+  const int pos_sel = ld_state(state, ST_POS_SEL);
+  const int* psrc = pos_sel ? pos1 : pos0;
+  int* pdst = pos_sel ? pos0 : pos1;
+  const int n_tiles = ld_state(state, ST_TILES);
+  const int n_rows = ld_state(state, ST_ROWS);
+  const u32* mask = masks + (k & 1) * max_tiles;
+  const int lane = threadIdx.x & 31;
+  const int per = SPDNN_COMPACT_WARP_NEURONS;
+  const int n_chunks = (width + per - 1) / per;
+  const i64 n_items = (i64)n_tiles * n_chunks;
+  const i64 nw = (i64)(blockDim.x >> 5) * gridDim.x;
+  for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < n_items; w += nw) {
+    const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
+    const u32 m = __ldcg(mask + t) & valid_bits(t, n_rows);
+    if (m == 0u) continue;
+    const bool alive = (m >> lane) & 1u;
+    const int s = __ldcg(tile_base + t) + __popc(m & ((1u << lane) - 1u));
+    if (c == 0 && alive) pdst[s] = psrc[t * 32 + lane];
+    const float* from = src + t * tstride + lane;
+    float* to = dst + (i64)(s >> 5) * tstride + (s & 31);
+    const int i0 = c * per, i1 = min(width, i0 + per);
+#pragma unroll 4
+    for (int i = i0; i < i1; ++i) {
+      const float v = __ldcs(from + (i64)i * 32);
+      if (alive) to[(i64)i * 32] = v;
+    }
+  }
+  if (last_block_done(state) && threadIdx.x == 0) {
+    const int n_new = state[ST_NEW_ROWS];
+    state[ST_ROWS] = n_new;
+    state[ST_TILES] = (n_new + 31) / 32;
+    state[ST_POS_SEL] = pos_sel ^ 1;
+    state[ST_DO_COMPACT] = 0;
+    state[ST_DID_COMPACT] = 1;
+    state[ST_COMPACTIONS] += 1;
+    stamps[k + 1] = global_ns();
+    __threadfence();
+    state[ST_DONE] = 0;
+  }
+}
