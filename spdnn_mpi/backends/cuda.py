@@ -1,0 +1,382 @@
+"""CUDA backend: one fused kernel per layer, dead rows dropped on the device.
+
+Features live in two device buffers of 32-row tiles, neuron-major
+(``cuda/spdnn_common.cuh``). Each layer is one persistent kernel whose last
+block counts the live rows and decides whether to compact; a second kernel
+moves the survivors only when that frees enough tiles. The host enqueues the
+layers and never waits until ``finish``: live counts, the buffer in use and
+per-layer timestamps stay on the device.
+
+CuPy is imported lazily, so this module can be imported without it; building
+a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.engine import BatchResult
+from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.model import Layer, SparseRows
+
+#: State slots, mirrored from cuda/spdnn_common.cuh.
+ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
+ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
+
+#: Compile-time settings handed to NVRTC as #defines.
+DEFAULT_DEFINES: dict[str, int] = {
+    "SPDNN_SMEM_THREADS": 512,
+    "SPDNN_GLOBAL_THREADS": 256,
+    "SPDNN_GLOBAL_WARP_OUTPUTS": 8,
+    "SPDNN_SMEM_ITEMS_PER_BLOCK": 4,
+    "SPDNN_COMPACT_DIV": 10,
+}
+
+#: Compiled modules, memoised by (device id, source digest).
+_MODULES: dict[tuple[int, str], Any] = {}
+
+
+def import_cupy():
+    """CuPy, or a clear error saying how to get it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise SpdnnError(
+            "CuPy is not installed: the cuda backend needs it "
+            "(pip install 'spdnn_mpi[cuda]' for CUDA 13, 'spdnn_mpi[cuda12]' for CUDA 12)"
+        ) from exc
+    return cupy
+
+
+def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int]):
+    """The NVRTC-compiled kernel module for this device, compiled once per process."""
+    cupy = import_cupy()
+    names = tuple(sorted(set(names)))
+    source = lay.assemble_source(defines)
+    key = (device_id, lay.source_digest(source, names))
+    mod = _MODULES.get(key)
+    if mod is None:
+        with cupy.cuda.Device(device_id):
+            mod = cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=names)
+            mod.compile()
+        _MODULES[key] = mod
+    return mod
+
+
+def kernel_names(degrees: set[int]) -> list[str]:
+    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
+    names = ["scatter_rows<u16>", "scatter_rows<int>"]
+    for d in sorted(degrees | {32}):
+        names += [f"layer_ell_smem<32,{d}>", f"layer_ell_smem<8,{d}>", f"layer_ell_global<{d}>"]
+    for smem in ("true", "false"):
+        for vals in ("true", "false"):
+            for itype in ("u16", "int"):
+                names.append(f"layer_csr<{smem},{vals},{itype}>")
+    return names
+
+
+class CudaBackend:
+    """The engine's backend on one NVIDIA GPU (see ``engine.Backend``)."""
+
+    name = "cuda"
+
+    def __init__(
+        self,
+        device: int | None = None,
+        variant: str = "auto",
+        memory_fraction: float = 0.9,
+        defines: dict[str, int] | None = None,
+        **_options,
+    ) -> None:
+        cp = import_cupy()
+        self._cp = cp
+        try:
+            n_dev = cp.cuda.runtime.getDeviceCount()
+        except Exception as exc:
+            raise SpdnnError(f"no usable CUDA device: {exc}") from exc
+        if n_dev < 1:
+            raise SpdnnError("no CUDA device visible")
+        if device is None:
+            device = cp.cuda.runtime.getDevice()
+        if not 0 <= device < n_dev:
+            raise SpdnnError(f"CUDA device {device} does not exist ({n_dev} visible)")
+        self.device_id = int(device)
+        self._dev = cp.cuda.Device(self.device_id)
+        props = cp.cuda.runtime.getDeviceProperties(self.device_id)
+        self._props = props
+        self.sms = int(props["multiProcessorCount"])
+        self._smem_optin = int(props["sharedMemPerBlockOptin"])
+        self._smem_sm = int(props["sharedMemPerMultiprocessor"])
+        self.variant = variant
+        self._memory_fraction = memory_fraction
+        self._defines = {**DEFAULT_DEFINES, **(defines or {})}
+        with self._dev:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+        self._layers: list[dict] = []
+        self._mod = None
+        self._n_layers = 0
+        self.width = 0
+        self._layers_run = 0
+        self._cap_tiles = 0
+        self._peak = 0
+        self._info: dict = {}
+        self._batch_live: list[int] = []
+
+    # -- helpers -------------------------------------------------------------
+    def _track_peak(self) -> None:
+        pool = self._cp.get_default_memory_pool()
+        self._peak = max(self._peak, int(pool.total_bytes()))
+
+    def _func_attr(self, kern, name: str, default: int) -> int:
+        drv = self._cp.cuda.driver
+        return int(drv.funcGetAttribute(getattr(drv, f"CU_FUNC_ATTRIBUTE_{name}", default),
+                                        kern.ptr))
+
+    def _blocks_per_sm(self, kern, threads: int, smem: int) -> int:
+        regs = max(1, self._func_attr(kern, "NUM_REGS", 4))
+        static = self._func_attr(kern, "SHARED_SIZE_BYTES", 1)
+        by_regs = int(self._props["regsPerMultiprocessor"]) // (((regs + 7) // 8) * 8 * threads)
+        by_threads = int(self._props["maxThreadsPerMultiProcessor"]) // threads
+        by_smem = self._smem_sm // (smem + static + 1024) if smem + static else by_threads
+        return max(1, min(by_regs, by_threads, by_smem))
+
+    # -- network -------------------------------------------------------------
+    def load_network(self, layers: Sequence[Layer]) -> None:
+        """Upload weights in each layer's kernel layout and compile the kernels."""
+        cp = self._cp
+        t0 = time.perf_counter()
+        smem_limit = self._smem_optin - 1024
+        plans = [lay.plan_layer(layer, smem_limit, self.variant) for layer in layers]
+        names = kernel_names({p.degree for p in plans if p.degree})
+        t_compile = time.perf_counter()
+        self._mod = compiled_module(self.device_id, sorted(names), self._defines)
+        compile_s = time.perf_counter() - t_compile
+        self._compact = self._mod.get_function("compact_rows")
+        self._stamp = self._mod.get_function("stamp")
+        self._scatter = {
+            "u16": self._mod.get_function("scatter_rows<u16>"),
+            "int": self._mod.get_function("scatter_rows<int>"),
+        }
+        kinds: dict[str, int] = {}
+        layout_bytes = 0
+        width = 0
+        self._layers = []
+        with self._dev, self._stream:
+            for layer, plan in zip(layers, plans):
+                kinds[plan.kind] = kinds.get(plan.kind, 0) + 1
+                kern = self._mod.get_function(plan.kernel)
+                if plan.smem_bytes > 48 * 1024:
+                    drv = cp.cuda.driver
+                    attr = getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+                    drv.funcSetAttribute(kern.ptr, attr, plan.smem_bytes)
+                if plan.kind.startswith("smem"):
+                    threads = self._defines["SPDNN_SMEM_THREADS"]
+                else:
+                    threads = self._defines["SPDNN_GLOBAL_THREADS"]
+                grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
+                keep: list = []  # device arrays the launch arguments point to
+                if plan.kind in ("smem32", "smem8", "global"):
+                    idx = cp.asarray(lay.ell_indices(layer, plan))
+                    keep.append(idx)
+                    extra: tuple = (idx,) if plan.kind == "global" else (
+                        idx, np.int32(plan.n_slices))
+                else:
+                    ptr = cp.asarray(np.asarray(layer.indptr, dtype=np.int32))
+                    itype = np.uint16 if "u16" in plan.kernel else np.int32
+                    idx = cp.asarray(np.asarray(layer.indices, dtype=itype))
+                    if layer.values is not None:
+                        vals = cp.asarray(np.asarray(layer.values, dtype=np.float32))
+                    else:
+                        vals = cp.zeros(1, dtype=np.float32)
+                    keep += [ptr, idx, vals]
+                    extra = (ptr, idx, vals)
+                if layer.bias_is_scalar:
+                    bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
+                else:
+                    bias_s = np.float32(0.0)
+                    bias_v = cp.asarray(np.asarray(layer.bias, dtype=np.float32))
+                    keep.append(bias_v)
+                scale = np.float32(1.0 if layer.values is not None else layer.uniform_value)
+                clip = np.float32(np.inf if layer.clip is None else layer.clip)
+                layout_bytes += sum(int(a.nbytes) for a in keep)
+                self._layers.append({
+                    "plan": plan, "kern": kern, "grid": grid, "threads": threads,
+                    "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
+                    "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
+                             bias_v, clip),
+                    "extra": extra,
+                })
+                width = max(width, layer.n_in, layer.n_out)
+            self._stream.synchronize()
+        self.width = width
+        self._n_layers = len(layers)
+        with self._dev:
+            self._live_hist = cp.zeros(max(1, len(layers)), dtype=np.int32)
+            self._stamps = cp.zeros(len(layers) + 1, dtype=np.uint64)
+            self._state = cp.zeros(ST_SIZE, dtype=np.int32)
+        self._track_peak()
+        self._info = {
+            "kernels": kinds,
+            "layout_bytes": layout_bytes,
+            "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
+            "compile_seconds": round(compile_s, 4),
+            "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
+        }
+
+    # -- features ------------------------------------------------------------
+    def _ensure_capacity(self, n_tiles: int) -> None:
+        cp = self._cp
+        if n_tiles <= self._cap_tiles and self._cap_tiles:
+            return
+        cap = max(1, n_tiles)
+        self._buf = None  # free the old buffers before allocating the new ones
+        self._tstride = self.width * lay.TILE_ROWS
+        with self._dev:
+            self._buf = cp.empty((2, cap * self._tstride), dtype=np.float32)
+            self._pos = cp.empty((2, cap * lay.TILE_ROWS), dtype=np.int32)
+            self._masks = cp.zeros((2, cap), dtype=np.uint32)
+            self._tile_base = cp.zeros(cap, dtype=np.int32)
+        self._cap_tiles = cap
+        self._b = (self._buf[0], self._buf[1])
+        self._p = (self._pos[0], self._pos[1])
+        self._track_peak()
+
+    def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
+        """Scatter the input rows into zeroed tiles on the device (one kernel)."""
+        cp = self._cp
+        if self._mod is None:
+            raise SpdnnError("load_network must come before load_features")
+        if self._n_layers and rows.n_cols > self.width:
+            raise ValueError(f"inputs have {rows.n_cols} columns, network is {self.width} wide")
+        if self._n_layers == 0 and rows.n_cols > self.width:
+            self.width = rows.n_cols
+            self._cap_tiles = 0  # tiles of the new width
+        counts = np.diff(rows.indptr)
+        rowsel = np.flatnonzero(counts > 0) if drop_empty else np.arange(rows.n_rows)
+        n = len(rowsel)
+        n_tiles = -(-n // lay.TILE_ROWS)
+        self._ensure_capacity(n_tiles)
+        self._in_width = rows.n_cols
+        self._layers_run = 0
+        with self._dev, self._stream:
+            self._buf[0, : n_tiles * self._tstride].fill(0)
+            self._masks.fill(0)
+            if n:
+                base = int(rows.indptr[0])
+                indptr = cp.asarray(np.asarray(rows.indptr, dtype=np.int64) - base)
+                small = rows.n_cols <= 65536
+                itype = np.uint16 if small else np.int32
+                indices = cp.asarray(np.asarray(rows.indices, dtype=itype))
+                values = (cp.asarray(np.asarray(rows.values, dtype=np.float32))
+                          if rows.values is not None else np.uint64(0))
+                sel = cp.asarray(rowsel.astype(np.int32))
+                grid = max(1, min(-(-n // 8), self.sms * 16))
+                self._scatter["u16" if small else "int"](
+                    (grid,), (256,),
+                    (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
+                     values, self._p[0]),
+                    stream=self._stream,
+                )
+                self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
+            state = np.zeros(ST_SIZE, dtype=np.int32)
+            state[ST_ROWS], state[ST_TILES] = n, n_tiles
+            self._state.set(state, stream=self._stream)
+            self._stamp((1,), (32,), (self._stamps, np.int32(0)), stream=self._stream)
+        self._tail = (self._state, self._masks, np.int32(self._cap_tiles), self._tile_base,
+                      self._live_hist, self._stamps)
+        self._stride64 = np.int64(self._tstride)
+        self._track_peak()
+
+    def run_layer(self, k: int, drop_dead: bool) -> None:
+        """Enqueue layer ``k`` (and the compaction it may ask for); returns at once."""
+        L = self._layers[k]
+        kk = np.int32(k)
+        args = (*self._b, self._stride64, *L["head"], *self._tail, kk,
+                np.int32(1 if drop_dead else 0), *L["extra"])
+        with self._dev:
+            L["kern"]((L["grid"],), (L["threads"],), args, shared_mem=L["plan"].smem_bytes,
+                      stream=self._stream)
+            if drop_dead:
+                self._compact(
+                    (self.sms * 8,), (256,),
+                    (*self._b, self._stride64, np.int32(L["n_out"]), *self._p, self._state,
+                     self._masks, self._tail[2], self._tile_base, self._stamps, kk),
+                    stream=self._stream,
+                )
+        self._layers_run = k + 1
+
+    def live_count(self) -> int:
+        """Rows alive after the last layer run (waits for the device)."""
+        self._stream.synchronize()
+        if self._layers_run == 0:
+            return int(self._state[ST_ROWS].get())
+        return int(self._live_hist[self._layers_run - 1].get())
+
+    def finish(self, want_features: bool) -> BatchResult:
+        """Wait for the batch; read back the survivors' positions (and features)."""
+        cp = self._cp
+        self._stream.synchronize()
+        n_run = self._layers_run
+        with self._dev:
+            state = self._state.get()
+            live = self._live_hist[:n_run].get().astype(int).tolist() if n_run else []
+            stamps = self._stamps[: n_run + 1].get().astype(np.float64)
+            n_rows, n_tiles = int(state[ST_ROWS]), int(state[ST_TILES])
+            if n_run == 0 or state[ST_DID_COMPACT]:
+                slots = np.arange(n_rows)
+            else:
+                m = self._masks[(n_run - 1) & 1, :n_tiles].get()
+                bits = np.unpackbits(m.view(np.uint8), bitorder="little")[:n_rows]
+                slots = np.flatnonzero(bits)
+            pos = self._pos[int(state[ST_POS_SEL]), :n_rows].get()[slots]
+            order = np.argsort(pos, kind="stable")
+            pos, slots = pos[order], slots[order]
+            features = None
+            if want_features:
+                width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
+                tiles = self._buf[int(state[ST_SEL])].reshape(-1, self.width, lay.TILE_ROWS)
+                s = cp.asarray(slots)
+                features = tiles[(s // 32)[:, None], cp.arange(width)[None, :],
+                                 (s % 32)[:, None]].get()
+        self._compactions = int(state[ST_COMPACTIONS])
+        layer_seconds = None
+        if n_run and np.all(stamps > 0):
+            layer_seconds = (np.diff(stamps) * 1e-9).tolist()
+        self._inputs = None
+        self._track_peak()
+        return BatchResult(pos.astype(np.int64), live, layer_seconds, features)
+
+    def max_batch_rows(self, width: int) -> int | None:
+        """Rows whose two feature buffers (plus inputs) fit the free device memory."""
+        cp = self._cp
+        with self._dev:
+            free, _total = cp.cuda.runtime.memGetInfo()
+        pool = cp.get_default_memory_pool()
+        held = 2 * 4 * self._cap_tiles * lay.TILE_ROWS * self.width if self._cap_tiles else 0
+        avail = (free + pool.free_bytes() + held) * self._memory_fraction
+        per_row = 9 * width + 64
+        rows = int(avail // per_row) // lay.TILE_ROWS * lay.TILE_ROWS
+        return max(lay.TILE_ROWS, rows)
+
+    def describe(self) -> dict:
+        """Device, kernels, layout size and peak device memory for the report."""
+        name = self._props["name"]
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        self._track_peak()
+        return {
+            "backend": "cuda",
+            "device": name,
+            "device_id": self.device_id,
+            "sms": self.sms,
+            "l2_bytes": int(self._props.get("l2CacheSize", 0)),
+            "variant": self.variant,
+            "peak_device_bytes": self._peak,
+            "compactions_last_batch": getattr(self, "_compactions", None),
+            **self._info,
+        }
