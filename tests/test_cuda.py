@@ -1,0 +1,264 @@
+"""CUDA backend against the scipy reference (GPU tests), and its source lookup (anywhere).
+
+The GPU tests are marked ``gpu`` and skip with the reason where CuPy or a
+device is missing (``spdnn_mpi.backends.cuda_available``).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spdnn_mpi.backends import cuda_available
+from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.engine import run_inference
+from spdnn_mpi.model import Layer, Network, SparseRows
+from spdnn_mpi.reference import reference_infer
+
+CUDA_OK, CUDA_WHY = cuda_available()
+needs_gpu = pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)
+
+
+# -- anywhere: sources and layouts ------------------------------------------------
+def test_kernel_sources_found_and_assembled():
+    folder = lay.kernel_source_dir()
+    for name in lay.KERNEL_HEADERS + lay.KERNEL_UNITS:
+        assert folder.joinpath(name).is_file(), name
+    src = lay.assemble_source({"SPDNN_SMEM_THREADS": 256})
+    assert src.startswith("#define SPDNN_SMEM_THREADS 256\n")
+    assert '#include "' not in src  # local headers inlined, so NVRTC needs no -I
+    for kernel in ("layer_ell_smem", "layer_ell_global", "layer_csr", "compact_rows",
+                   "scatter_rows", "stamp"):
+        assert f" {kernel}(" in src or f"\n    {kernel}(" in src, kernel
+    assert "#pragma once" not in src and src.count("struct LayerArgs {") == 1
+
+
+def test_installed_package_maps_to_cuda_folder():
+    """setup.cfg ships cuda/*.cu and *.cuh as package spdnn_mpi.kernels."""
+    text = (Path(__file__).resolve().parents[1] / "setup.cfg").read_text()
+    assert "spdnn_mpi.kernels = cuda" in text
+    assert "*.cu" in text and "*.cuh" in text
+
+
+def _fixed_degree_layer(rng, n_in, n_out, degree, *, bias=-0.3, clip=32.0, value=1 / 16):
+    idx = np.sort(np.stack([rng.choice(n_in, degree, replace=False) for _ in range(n_out)]),
+                  axis=1)
+    indptr = np.arange(0, degree * n_out + 1, degree, dtype=np.int64)
+    return Layer(n_in, n_out, indptr, idx.ravel().astype(np.uint16), None, value, bias, clip)
+
+
+@pytest.mark.parametrize("variant,n_out", [("smem32", 64), ("smem8", 70), ("global", 33)])
+def test_ell_layout_round_trip(variant, n_out):
+    rng = np.random.default_rng(1)
+    layer = _fixed_degree_layer(rng, 300, n_out, 16)
+    plan = lay.plan_layer(layer, 200 * 1024, variant)
+    assert plan.kind == variant
+    flat = lay.ell_indices(layer, plan)
+    back = lay.ell_indices_inverse(flat, n_out, plan)
+    assert np.array_equal(back.ravel(), layer.indices)
+
+
+def test_plan_falls_back_to_csr_for_general_layers():
+    rng = np.random.default_rng(2)
+    i, j = np.nonzero(rng.random((40, 30)) < 0.3)
+    layer = Layer.from_coo(i, j, rng.normal(size=len(i)), 40, 30)
+    plan = lay.plan_layer(layer, 200 * 1024)
+    assert plan.kind.startswith("csr")
+
+
+# -- GPU ----------------------------------------------------------------------------
+def _backend(**kw):
+    from spdnn_mpi.backends.cuda import CudaBackend
+
+    return CudaBackend(**kw)
+
+
+def _check(network, rows, backend=None, *, batch=None, features=True):
+    """Run on the GPU and compare ids (exactly) and features (1e-5 relative)."""
+    backend = backend or _backend()
+    backend.load_network(network.layers)
+    res = run_inference(network, rows, backend, batch=batch, want_features=features)
+    ids, ref = reference_infer(network, rows)
+    assert np.array_equal(res.alive_ids, ids)
+    if features:
+        assert res.features.shape == ref.shape
+        if ref.size:
+            err = np.linalg.norm(res.features - ref) / max(np.linalg.norm(ref), 1e-30)
+            assert err <= 1e-5, err
+    return res
+
+
+def _random_network(rng, widths, *, values=True, bias="scalar", clip=32.0, density=0.2):
+    layers = []
+    for n_in, n_out in zip(widths[:-1], widths[1:]):
+        i, j = np.nonzero(rng.random((n_in, n_out)) < density)
+        vals = rng.normal(0.3, 0.5, len(i)) if values else np.full(len(i), 0.25)
+        if bias == "scalar":
+            b = float(-rng.uniform(0.05, 0.5))
+        elif bias == "vector":
+            b = rng.uniform(-0.6, 0.05, n_out).astype(np.float32)
+        else:  # some positive: rows may come back, nothing is dropped
+            b = rng.uniform(-0.3, 0.3, n_out).astype(np.float32)
+        layers.append(Layer.from_coo(i, j, vals, n_in, n_out, bias=b, clip=clip))
+    return Network(layers)
+
+
+def _random_rows(rng, n_rows, n_cols, density=0.1, binary=True):
+    dense = (rng.random((n_rows, n_cols)) < density).astype(np.float32)
+    if not binary:
+        dense *= rng.uniform(0.1, 2.0, dense.shape).astype(np.float32)
+    return SparseRows.from_dense(dense)
+
+
+@pytest.mark.parametrize(
+    "widths,values,bias,clip",
+    [
+        ([50, 70, 40, 90], True, "scalar", 32.0),
+        ([64, 64, 64, 64, 64], True, "vector", None),
+        ([30, 100, 20], True, "positive", 2.0),
+        ([128, 96, 128], False, "scalar", None),
+        ([3000, 200, 2500], True, "vector", 32.0),  # wide layers: CSR through L1/L2
+    ],
+)
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.gpu
+@needs_gpu
+def test_random_networks_match_reference(widths, values, bias, clip, binary):
+    rng = np.random.default_rng(zlib.crc32(repr((widths, values, bias, binary)).encode()))
+    net = _random_network(rng, widths, values=values, bias=bias, clip=clip)
+    rows = _random_rows(rng, 150, widths[0], 0.15, binary)
+    _check(net, rows)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["auto", "smem32", "smem8", "global", "csr"])
+@pytest.mark.parametrize("widths", [[512, 512, 512, 512], [300, 1000, 200, 700]])
+def test_fixed_degree_uniform_layers_every_kernel(variant, widths):
+    rng = np.random.default_rng(len(widths) * 7 + widths[1])
+    layers = []
+    for n_in, n_out in zip(widths[:-1], widths[1:]):
+        bias = rng.uniform(-0.5, 0.0, n_out).astype(np.float32) if n_out % 2 else -0.25
+        layers.append(_fixed_degree_layer(rng, n_in, n_out, 32, bias=bias, value=0.1))
+    net = Network(layers)
+    rows = _random_rows(rng, 200, widths[0], 0.3, binary=False)
+    _check(net, rows, _backend(variant=variant))
+
+
+def _challenge_dir() -> Path:
+    env = os.environ.get("SPDNN_CHALLENGE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "graphchallenge"
+
+
+def _read_real_layers(n_layers: int) -> list[Layer]:
+    """Layers 1..n of the official 1024 network (gz TSV files)."""
+    folder = _challenge_dir() / "neuron1024"
+    if not folder.is_dir():
+        pytest.skip(f"official 1024 network not found in {folder} (set SPDNN_CHALLENGE_DIR)")
+    from spdnn_mpi.tsv import iter_layers
+
+    return list(iter_layers(folder, 1024, n_layers, bias=-0.30, clip=32.0))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["auto", "smem8", "global"])
+def test_real_1024_network_categories(variant):
+    rng = np.random.default_rng(5)
+    net = Network(_read_real_layers(30))
+    # ~10% dense binary rows, plus denser ones so that some rows survive
+    rows = _random_rows(rng, 3000, 1024, 0.1)
+    dense = _random_rows(rng, 1000, 1024, 0.4)
+    both = SparseRows(1024, np.concatenate([rows.indptr, dense.indptr[1:] + rows.indptr[-1]]),
+                      np.concatenate([rows.indices, dense.indices]))
+    res = _check(net, both, _backend(variant=variant), features=False)
+    assert res.live_per_layer[0] > 0 and len(res.alive_ids) < both.n_rows
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["auto", "global"])
+def test_radixnet_4096_categories_and_batching(variant):
+    from spdnn_mpi.radixnet import radixnet_network
+
+    rng = np.random.default_rng(6)
+    net = radixnet_network(4096, 16)
+    a = _random_rows(rng, 1500, 4096, 0.1)
+    b = _random_rows(rng, 500, 4096, 0.45)
+    rows = SparseRows(4096, np.concatenate([a.indptr, b.indptr[1:] + a.indptr[-1]]),
+                      np.concatenate([a.indices, b.indices]))
+    backend = _backend(variant=variant)
+    whole = _check(net, rows, backend, features=True)
+    batched = run_inference(net, rows, backend, batch=300, want_features=True)
+    assert batched.batches == 7
+    assert np.array_equal(batched.alive_ids, whole.alive_ids)
+    assert np.array_equal(batched.features, whole.features)
+    assert np.array_equal(batched.live_per_layer, whole.live_per_layer)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_edge_cases_every_row_dies_none_die_one_row_zero_rows():
+    rng = np.random.default_rng(7)
+    kill = _random_network(rng, [64, 64, 64], values=False, bias="scalar")
+    for layer in kill.layers:
+        layer.bias = -100.0
+    rows = _random_rows(rng, 100, 64, 0.2)
+    res = _check(kill, rows)
+    assert len(res.alive_ids) == 0 and res.live_per_layer.tolist() == [0, 0]
+
+    keep = _random_network(rng, [64, 80, 64], bias="scalar")
+    for layer in keep.layers:
+        layer.bias = np.full(layer.n_out, 0.5, dtype=np.float32)  # positive: nothing dies
+    res = _check(keep, rows)
+    assert len(res.alive_ids) == rows.n_rows
+
+    net = _random_network(rng, [64, 64, 64], values=True, bias="vector")
+    _check(net, _random_rows(rng, 1, 64, 0.5))
+    empty = SparseRows(64, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint16))
+    res = _check(net, empty)
+    assert len(res.alive_ids) == 0
+    # rows with no input at all are dropped up front; ids stay those of the input
+    gaps = _random_rows(rng, 40, 64, 0.3)
+    dense = gaps.to_dense()
+    dense[::3] = 0
+    _check(net, SparseRows.from_dense(dense, first_row=1000))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_describe_reports_memory_and_timing():
+    rng = np.random.default_rng(8)
+    net = _random_network(rng, [100, 100, 100])
+    backend = _backend(device=0)
+    backend.load_network(net.layers)
+    res = run_inference(net, _random_rows(rng, 64, 100, 0.3), backend)
+    info = backend.describe()
+    assert info["peak_device_bytes"] > 0 and info["sms"] > 0
+    assert res.layer_seconds is not None and len(res.layer_seconds) == 2
+    assert backend.max_batch_rows(1024) >= 32
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("peer", ["cusparse", "torch"])
+def test_gpu_peers_agree_with_reference(peer):
+    from spdnn_mpi import peers_gpu
+    from spdnn_mpi.errors import SpdnnError
+
+    rng = np.random.default_rng(9)
+    net = _random_network(rng, [80, 80, 80, 80], bias="vector")
+    rows = _random_rows(rng, 120, 80, 0.2)
+    fn = peers_gpu.cusparse_infer if peer == "cusparse" else peers_gpu.torch_sparse_infer
+    try:
+        ids, seconds = fn(net, rows)
+    except SpdnnError as exc:
+        pytest.skip(str(exc))
+    ref_ids, _ = reference_infer(net, rows)
+    assert np.array_equal(ids, ref_ids) and seconds > 0
