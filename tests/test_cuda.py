@@ -19,7 +19,21 @@ from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.reference import reference_infer
 
-CUDA_OK, CUDA_WHY = cuda_available()
+
+def _cuda_status() -> tuple[bool, str]:
+    """cuda_available() after the backend's own CuPy import, which also works from a
+    checkout whose cuda/ folder would hide NVIDIA's ``cuda`` package."""
+    from spdnn_mpi.backends.cuda import import_cupy
+    from spdnn_mpi.errors import SpdnnError
+
+    try:
+        import_cupy()
+    except SpdnnError as exc:
+        return False, str(exc)
+    return cuda_available()
+
+
+CUDA_OK, CUDA_WHY = _cuda_status()
 needs_gpu = pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)
 
 
