@@ -20,6 +20,7 @@ the official files), so generated data can be fed to other challenge codes.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import re
 import zlib
@@ -1042,10 +1043,12 @@ def write_tree(
     if first is None:
         raise SpdnnError("write_tree: the network has no layers")
     neurons = first.n_in
+    if rows is not None and rows.n_cols != neurons:
+        raise SpdnnError(f"write_tree: inputs have {rows.n_cols} columns, network N={neurons}")
     final = out_dir / f"neuron{neurons}"
     with atomic_path(final, directory=True) as tmp:
         k = 0
-        for layer in _chain_first(first, it):
+        for layer in itertools.chain([first], it):
             k += 1
             if layer.n_in != neurons or layer.n_out != neurons:
                 raise SpdnnError(
@@ -1055,8 +1058,6 @@ def write_tree(
             write_layer(tmp / f"n{neurons}-l{k}{ext}", layer)
     written["weights"] = final
     if rows is not None:
-        if rows.n_cols != neurons:
-            raise SpdnnError(f"write_tree: inputs have {rows.n_cols} columns, network N={neurons}")
         p = out_dir / f"sparse-images-{neurons}{ext}"
         write_images(p, rows)
         written["images"] = p
@@ -1065,8 +1066,3 @@ def write_tree(
         write_categories(p, ids)
         written[f"categories_l{n_layers}"] = p
     return written
-
-
-def _chain_first(first: Layer, rest: Iterator[Layer]) -> Iterator[Layer]:
-    yield first
-    yield from rest

@@ -204,6 +204,8 @@ def test_write_tree_is_atomic(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SpdnnError, match="8 x 8"):
         tsv.write_tree(tmp_path, Network(random_network(np.random.default_rng(1), [8, 4]).layers))
+    with pytest.raises(SpdnnError, match="inputs have 5 columns"):
+        tsv.write_tree(tmp_path, net, random_inputs(np.random.default_rng(1), 3, 5))
     assert list(tmp_path.iterdir()) == []
 
 
