@@ -26,6 +26,10 @@ def atomic_path(final: str | os.PathLike, *, directory: bool = False) -> Iterato
         fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
         os.close(fd)
         tmp = Path(name)
+    # mkstemp/mkdtemp create owner-only entries; give the usual umask-based modes
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
     try:
         yield tmp
         if directory and final.exists():

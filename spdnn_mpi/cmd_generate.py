@@ -28,6 +28,7 @@ from spdnn_mpi.errors import SpdnnError
 #: callable. "none" writes no truth. Faster backends register here.
 TRUTH_BACKENDS: dict[str, str | None] = {
     "reference": "spdnn_mpi.reference:reference_categories",
+    "cpu": "spdnn_mpi.backends.cpu:cpu_categories",
     "none": None,
 }
 

@@ -50,6 +50,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sparse-images-{N}.tsv[.gz] input file",
     )
     p.add_argument(
+        "--generate-inputs",
+        action="store_true",
+        help="no images file: use MNIST-derived inputs made like `spdnn generate`'s "
+        "(--images of them, 60000 by default)",
+    )
+    p.add_argument(
+        "--truth-layers",
+        default=None,
+        metavar="L1,L2,...",
+        help="compute truth for these layer counts with --truth-backend and store it",
+    )
+    p.add_argument(
+        "--truth-backend",
+        default="reference",
+        choices=["reference", "cpu"],
+        help="what computes --truth-layers: the plain reference, or the fast CPU backend",
+    )
+    p.add_argument(
         "--images",
         type=int,
         default=None,
@@ -140,6 +158,9 @@ def prepare_store(
     clip: float | None = DEFAULT_CLIP,
     force: bool = False,
     progress: bool = True,
+    generate_inputs: bool = False,
+    truth_layers: list[int] | None = None,
+    truth_backend: str = "reference",
 ) -> Path:
     """Convert an official tree (one N) into a store at ``out``; returns its path.
 
@@ -180,6 +201,15 @@ def prepare_store(
                 f"use --layers {n_l} (or more) or leave that file out"
             )
 
+    if generate_inputs and inputs is not None:
+        raise SpdnnError("give either --inputs FILE or --generate-inputs, not both")
+    truth_layers = sorted(set(truth_layers or []))
+    bad = [t for t in truth_layers if not 1 <= t <= n_layers]
+    if bad:
+        raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
+    if truth_layers and inputs is None and not generate_inputs:
+        raise SpdnnError("--truth-layers needs inputs: --inputs FILE or --generate-inputs")
+
     t0 = time.perf_counter()
     truth = {}
     for n_l, path in sorted(categories.items()):
@@ -199,6 +229,11 @@ def prepare_store(
             f"inputs: {rows.n_rows} images, {rows.nnz} nonzeros ({time.perf_counter() - t0:.1f} s)",
         )
 
+    if generate_inputs:
+        from spdnn_mpi.digits import digit_images
+
+        rows = digit_images(neurons, n_images or 60000)
+        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
     provenance = {
         "tool": "spdnn prepare",
         "spdnn_mpi_version": __version__,
@@ -207,7 +242,9 @@ def prepare_store(
             "format": "graphchallenge-tsv",
             "weights_dir": str(weights.resolve()),
             "layer_files": f"{layer_files[0].name} .. {layer_files[-1].name}",
-            "inputs": str(Path(inputs).resolve()) if inputs is not None else None,
+            "inputs": str(Path(inputs).resolve()) if inputs is not None else (
+                "generated from MNIST digits (spdnn_mpi.digits)" if generate_inputs else None
+            ),
             "categories": {str(k): str(Path(v).resolve()) for k, v in sorted(categories.items())},
         },
         "neurons": neurons,
@@ -217,10 +254,12 @@ def prepare_store(
         "images": rows.n_rows if rows is not None else n_images,
     }
     _log(progress, f"{n_layers} layers of N={neurons} from {weights} -> {out}")
+    kept = []
     with StoreWriter(out, provenance) as writer:
         if rows is not None:
             writer.write_inputs(rows)
-            rows = None  # free before the layers
+            if not truth_layers:
+                rows = None  # free before the layers
         for n_l, ids in sorted(truth.items()):
             writer.add_truth(n_l, ids, f"official categories file {Path(categories[n_l]).name}")
         bar = _Progress(n_layers, progress)
@@ -229,11 +268,29 @@ def prepare_store(
         ):
             writer.add_layer(layer)
             bar.layer_done(k, layer.nnz)
+            if truth_layers:
+                kept.append(layer)
+        if truth_layers:
+            _add_computed_truth(writer, kept, rows, truth_layers, truth_backend, progress)
     _log(
         progress,
         f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
     )
     return out
+
+
+def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:
+    """Compute and store the categories after each of ``truth_layers`` layers."""
+    from spdnn_mpi.cmd_generate import resolve_truth_backend
+    from spdnn_mpi.model import Network
+
+    name, fn = resolve_truth_backend(backend)
+    for n_l in truth_layers:
+        t0 = time.perf_counter()
+        ids = fn(Network(layers[:n_l]), rows)
+        writer.add_truth(n_l, ids, name)
+        _log(progress, f"truth after {n_l} layers ({name}): {len(ids)} of {rows.n_rows} "
+                       f"images survive, {time.perf_counter() - t0:.1f} s")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,8 +314,22 @@ def run(args: argparse.Namespace) -> int:
         clip=args.clip,
         force=args.force,
         progress=not args.quiet,
+        generate_inputs=args.generate_inputs,
+        truth_layers=_int_list(args.truth_layers),
+        truth_backend=args.truth_backend,
     )
     return 0
+
+
+def _int_list(text: str | None) -> list[int] | None:
+    from spdnn_mpi.errors import SpdnnError
+
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpdnnError(f"--truth-layers {text!r}: expected comma-separated integers") from None
 
 
 def convert_tree(

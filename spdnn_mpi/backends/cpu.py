@@ -146,3 +146,16 @@ class CpuBackend:
             "cpu_count": os.cpu_count(),
             "kernel": "numba fused gather/bias/relu/clip/alive, neuron-major tiles",
         }
+
+
+def cpu_categories(network, rows: SparseRows) -> np.ndarray:
+    """Sorted 1-based surviving ids computed by this backend (a fast truth source).
+
+    The backend is tested against the plain reference; use this where the
+    reference would take too long (large N x L).
+    """
+    from spdnn_mpi.engine import run_inference
+
+    backend = CpuBackend()
+    backend.load_network(network.layers)
+    return run_inference(network, rows, backend).categories()
