@@ -253,3 +253,26 @@ def test_store_writer_is_atomic(tmp_path):
         writer.add_layer(layer)
         raise KeyboardInterrupt
     assert final.read_bytes() == before and leftovers(tmp_path) == ["s.h5"]
+
+
+def test_prepare_real_network_with_generated_inputs_and_truth(tmp_path):
+    """The CPU benchmark's store: real weights, MNIST-derived inputs, computed truth."""
+    from conftest import challenge_dir
+
+    from spdnn_mpi.reference import reference_categories
+
+    weights = challenge_dir() / "neuron1024"
+    if not weights.is_dir():
+        pytest.skip(f"real challenge network not found at {weights}")
+    out = tmp_path / "real.h5"
+    assert main(["prepare", "--weights", str(weights), "--layers", "8", "--generate-inputs",
+                 "--images", "600", "--truth-layers", "4,8", "--truth-backend", "cpu",
+                 "--out", str(out), "--quiet"]) == 0
+    with Store(out) as st:
+        assert st.truth_layers() == [4, 8] and st.n_images == 600
+        assert st.truth_source(8) == "cpu"
+        np.testing.assert_array_equal(
+            st.truth(8), reference_categories(st.network(8), st.inputs()))
+    assert main(["prepare", "--weights", str(weights), "--layers", "8", "--generate-inputs",
+                 "--truth-layers", "9", "--out", str(tmp_path / "bad.h5"), "--quiet"]) == 2
+    assert not (tmp_path / "bad.h5").exists()
