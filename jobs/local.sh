@@ -47,7 +47,7 @@ while (($#)); do
             [[ $# -ge 2 ]] || fail "$1 needs a number of ranks"
             RANKS=$2; shift 2 ;;
         -n?*) RANKS=${1#-n}; shift ;;
-        -h | --help) sed -n '2,/^# =====/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '3,/^# =====/{/^# =====/!p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) fail "unknown argument '$1' (parameters are environment variables; see $0 --help)" ;;
     esac
 done
