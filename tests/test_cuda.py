@@ -214,6 +214,12 @@ def test_radixnet_4096_categories_and_batching(variant):
     assert np.array_equal(batched.alive_ids, whole.alive_ids)
     assert np.array_equal(batched.features, whole.features)
     assert np.array_equal(batched.live_per_layer, whole.live_per_layer)
+    direct = _backend(variant=variant, graphs=False)  # launches without CUDA graphs
+    direct.load_network(net.layers)
+    again = run_inference(net, rows, direct, batch=700, want_features=True)
+    assert np.array_equal(again.alive_ids, whole.alive_ids)
+    assert np.array_equal(again.features, whole.features)
+    assert backend.describe()["graphs"] == "on"
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 # One unit that instantiates every kernel template the backend uses.
 {
   for f in "$root"/cuda/*.cu; do echo "#include \"$(basename "$f")\""; done
-  echo '#define P float*, float*, i64, int, int, float, float, const float*, float, int*, u32*, int, int*, int*, u64*, int, int'
+  echo '#define P const i64*, int, int, float, float, const float*, float, int*, int*, u64*, int, int'
   for d in 8 16 32 64; do
     echo "template __global__ void layer_ell_smem<32,$d>(P, const u16*, int);"
     echo "template __global__ void layer_ell_smem<8,$d>(P, const u16*, int);"

@@ -29,6 +29,7 @@ from spdnn_mpi.model import Layer, SparseRows
 #: State slots, mirrored from cuda/spdnn_common.cuh.
 ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
 ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
+P_SIZE = 8  # pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles
 
 #: Compile-time settings handed to NVRTC as #defines.
 DEFAULT_DEFINES: dict[str, int] = {
@@ -135,6 +136,7 @@ class CudaBackend:
         variant: str = "auto",
         memory_fraction: float = 0.9,
         defines: dict[str, int] | None = None,
+        graphs: bool = True,
         **_options,
     ) -> None:
         cp = import_cupy()
@@ -167,6 +169,10 @@ class CudaBackend:
         self.width = 0
         self._layers_run = 0
         self._cap_tiles = 0
+        self._graphs_on = graphs
+        self._graphs: dict[tuple, Any] = {}
+        self._graph_note = "on" if graphs else "off"
+        self._pending: list[tuple[int, bool]] = []
         self._peak = 0
         self._info: dict = {}
         self._batch_live: list[int] = []
@@ -176,14 +182,9 @@ class CudaBackend:
         pool = self._cp.get_default_memory_pool()
         self._peak = max(self._peak, int(pool.total_bytes()))
 
-    def _func_attr(self, kern, name: str, default: int) -> int:
-        drv = self._cp.cuda.driver
-        return int(drv.funcGetAttribute(getattr(drv, f"CU_FUNC_ATTRIBUTE_{name}", default),
-                                        kern.ptr))
-
     def _blocks_per_sm(self, kern, threads: int, smem: int) -> int:
-        regs = max(1, self._func_attr(kern, "NUM_REGS", 4))
-        static = self._func_attr(kern, "SHARED_SIZE_BYTES", 1)
+        regs = max(1, int(kern.num_regs))
+        static = int(kern.shared_size_bytes)
         by_regs = int(self._props["regsPerMultiprocessor"]) // (((regs + 7) // 8) * 8 * threads)
         by_threads = int(self._props["maxThreadsPerMultiProcessor"]) // threads
         by_smem = self._smem_sm // (smem + static + 1024) if smem + static else by_threads
@@ -215,9 +216,7 @@ class CudaBackend:
                 kinds[plan.kind] = kinds.get(plan.kind, 0) + 1
                 kern = self._mod.get_function(plan.kernel)
                 if plan.smem_bytes > 48 * 1024:
-                    drv = cp.cuda.driver
-                    attr = getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
-                    drv.funcSetAttribute(kern.ptr, attr, plan.smem_bytes)
+                    kern.max_dynamic_shared_size_bytes = plan.smem_bytes
                 if plan.kind.startswith("smem"):
                     threads = self._defines["SPDNN_SMEM_THREADS"]
                 else:
@@ -263,6 +262,9 @@ class CudaBackend:
             self._live_hist = cp.zeros(max(1, len(layers)), dtype=np.int32)
             self._stamps = cp.zeros(len(layers) + 1, dtype=np.uint64)
             self._state = cp.zeros(ST_SIZE, dtype=np.int32)
+            self._ptrs = cp.zeros(P_SIZE, dtype=np.int64)
+        self._graphs = {}
+        self._cap_tiles = 0
         self._track_peak()
         self._info = {
             "kernels": kinds,
@@ -288,6 +290,11 @@ class CudaBackend:
         self._cap_tiles = cap
         self._b = (self._buf[0], self._buf[1])
         self._p = (self._pos[0], self._pos[1])
+        table = np.array([self._buf[0].data.ptr, self._buf[1].data.ptr, self._pos[0].data.ptr,
+                          self._pos[1].data.ptr, self._masks.data.ptr, self._tile_base.data.ptr,
+                          self._tstride, cap], dtype=np.int64)
+        with self._dev, self._stream:
+            self._ptrs.set(table, stream=self._stream)
         self._track_peak()
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
@@ -324,38 +331,72 @@ class CudaBackend:
                     (grid,), (256,),
                     (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
                      values, self._p[0]),
-                    stream=self._stream,
                 )
                 self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
             state = np.zeros(ST_SIZE, dtype=np.int32)
             state[ST_ROWS], state[ST_TILES] = n, n_tiles
             self._state.set(state, stream=self._stream)
-            self._stamp((1,), (32,), (self._stamps, np.int32(0)), stream=self._stream)
-        self._tail = (self._state, self._masks, np.int32(self._cap_tiles), self._tile_base,
-                      self._live_hist, self._stamps)
-        self._stride64 = np.int64(self._tstride)
+            self._stamp((1,), (32,), (self._stamps, np.int32(0)))
+        self._pending = []
         self._track_peak()
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
-        """Enqueue layer ``k`` (and the compaction it may ask for); returns at once."""
+        """Queue layer ``k`` (and the compaction it may ask for); returns at once.
+
+        Queued layers are launched as one captured CUDA graph (cached by the
+        layer sequence; kernels take buffers from the pointer table, so a graph
+        outlives reallocations) when ``finish`` or ``live_count`` needs them.
+        """
+        self._pending.append((k, bool(drop_dead)))
+        self._layers_run = k + 1
+
+    def _launch(self, k: int, drop_dead: bool) -> None:
         L = self._layers[k]
         kk = np.int32(k)
-        args = (*self._b, self._stride64, *L["head"], *self._tail, kk,
+        args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
                 np.int32(1 if drop_dead else 0), *L["extra"])
-        with self._dev:
-            L["kern"]((L["grid"],), (L["threads"],), args, shared_mem=L["plan"].smem_bytes,
-                      stream=self._stream)
-            if drop_dead:
-                self._compact(
-                    (self.sms * 8,), (256,),
-                    (*self._b, self._stride64, np.int32(L["n_out"]), *self._p, self._state,
-                     self._masks, self._tail[2], self._tile_base, self._stamps, kk),
-                    stream=self._stream,
-                )
-        self._layers_run = k + 1
+        L["kern"]((L["grid"],), (L["threads"],), args, shared_mem=L["plan"].smem_bytes)
+        if drop_dead:
+            self._compact((self.sms * 8,), (256,),
+                          (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
+
+    def _flush(self) -> None:
+        """Launch the queued layers: a cached graph when possible, else one by one."""
+        if not self._pending:
+            return
+        todo, self._pending = tuple(self._pending), []
+        with self._dev, self._stream:
+            graph = self._graphs.get(todo) if self._graphs_on else None
+            if graph is None and self._graphs_on:
+                graph = self._capture(todo)
+            if graph is not None:
+                graph.launch(stream=self._stream)
+                return
+            for k, drop in todo:
+                self._launch(k, drop)
+
+    def _capture(self, todo: tuple):
+        """Capture ``todo`` into a graph; on any failure turn graphs off and say why."""
+        stream = self._stream
+        try:
+            stream.begin_capture()
+            try:
+                for k, drop in todo:
+                    self._launch(k, drop)
+            finally:
+                graph = stream.end_capture()
+        except Exception as exc:  # CuPy without graphs, or a capture rule broken
+            self._graphs_on = False
+            self._graph_note = f"off ({type(exc).__name__}: {exc})"
+            return None
+        if len(self._graphs) > 64:
+            self._graphs.clear()
+        self._graphs[todo] = graph
+        return graph
 
     def live_count(self) -> int:
         """Rows alive after the last layer run (waits for the device)."""
+        self._flush()
         self._stream.synchronize()
         if self._layers_run == 0:
             return int(self._state[ST_ROWS].get())
@@ -364,6 +405,7 @@ class CudaBackend:
     def finish(self, want_features: bool) -> BatchResult:
         """Wait for the batch; read back the survivors' positions (and features)."""
         cp = self._cp
+        self._flush()
         self._stream.synchronize()
         n_run = self._layers_run
         with self._dev:
@@ -422,5 +464,6 @@ class CudaBackend:
             "variant": self.variant,
             "peak_device_bytes": self._peak,
             "compactions_last_batch": getattr(self, "_compactions", None),
+            "graphs": self._graph_note,
             **self._info,
         }
