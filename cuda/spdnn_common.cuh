@@ -23,6 +23,12 @@
 #ifndef SPDNN_COMPACT_DIV
 #define SPDNN_COMPACT_DIV 10  // compact when it frees at least 1/DIV of the tiles
 #endif
+#ifndef SPDNN_CP_ASYNC
+#define SPDNN_CP_ASYNC 1  // stage tiles with cp.async (all copies in flight) rather than ld/st
+#endif
+#ifndef SPDNN_SMEM_PAIRS
+#define SPDNN_SMEM_PAIRS 1  // shared-memory kernels compute two outputs per warp step
+#endif
 #ifndef SPDNN_COMPACT_WARP_NEURONS
 #define SPDNN_COMPACT_WARP_NEURONS 64
 #endif
@@ -67,6 +73,19 @@ __device__ __forceinline__ u32 valid_bits(int t, int n_rows) {
   if (left >= 32) return 0xffffffffu;
   if (left <= 0) return 0u;
   return (1u << left) - 1u;
+}
+
+// 16-byte asynchronous copy global -> shared (sm_80+), completed by cp_async_wait_all.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  unsigned s;
+  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+               : "=r"(s)
+               : "l"(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 __device__ __forceinline__ u64 global_ns() {

@@ -135,10 +135,21 @@ __device__ __forceinline__ void stage_tile(float* xs, const float* __restrict__ 
   const float4* src = reinterpret_cast<const float4*>(xt);
   float4* dst = reinterpret_cast<float4*>(xs);
   const int n = n_in * V;
+  // 8 float4 = 32 floats per neuron in the tile. A plain load/store loop keeps
+  // one load in flight per thread and waits a memory latency per 8 KB (seen on
+  // the H200 in the SASS); cp.async issues them all, then waits once.
+#if SPDNN_CP_ASYNC
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
     const int i = e / V, v = e - i * V;
-    dst[e] = __ldcg(src + i * 8 + v);  // 8 float4 = 32 floats per neuron in the tile
+    cp_async16(dst + e, src + i * 8 + v);
   }
+  cp_async_wait_all();
+#else
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    const int i = e / V, v = e - i * V;
+    dst[e] = __ldcg(src + i * 8 + v);
+  }
+#endif
 }
 
 template <int T, int D>
@@ -178,6 +189,25 @@ __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
     bool alive = false;
     const int s0 = chunk * per_chunk, s1 = min(n_slices, s0 + per_chunk);
     float* out = dst + t * a.tstride + sub * T + r;
+#if SPDNN_SMEM_PAIRS
+    // Two output slices per warp step: two independent load/add chains in flight.
+    for (int s = s0 + warp; s < s1; s += 2 * nwarps) {
+      const int s2 = s + nwarps < s1 ? s + nwarps : s;  // warp-uniform; repeat s when none
+      const float acc = gather_sum_smem<D>(idx4 + (i64)s * (D / 8) * G + g, G, xs, T, r);
+      const float acc2 = gather_sum_smem<D>(idx4 + (i64)s2 * (D / 8) * G + g, G, xs, T, r);
+      const int j = s * G + g, j2 = s2 * G + g;
+      if (j < a.n_out) {
+        const float y = epilogue(acc, j, a);
+        out[(i64)j * 32] = y;
+        alive |= y > 0.0f;
+      }
+      if (s2 != s && j2 < a.n_out) {
+        const float y = epilogue(acc2, j2, a);
+        out[(i64)j2 * 32] = y;
+        alive |= y > 0.0f;
+      }
+    }
+#else
     for (int s = s0 + warp; s < s1; s += nwarps) {
       const int j = s * G + g;
       const float acc = gather_sum_smem<D>(idx4 + (i64)s * (D / 8) * G + g, G, xs, T, r);
@@ -187,6 +217,7 @@ __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
         alive |= y > 0.0f;
       }
     }
+#endif
     u32 b = __ballot_sync(0xffffffffu, alive);
     if (T < 32) {
       u32 m = 0u;

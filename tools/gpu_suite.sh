@@ -26,7 +26,7 @@ digits_arg=()
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv \
   2>&1 | tee "$out/gpu.txt"
-python3 -c 'import cupy, sys; print("python", sys.version.split()[0], "cupy", cupy.__version__)'
+python3 -c 'import sys; from spdnn_mpi.backends.cuda import import_cupy; print("python", sys.version.split()[0], "cupy", import_cupy().__version__)'
 
 test_rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -35,8 +35,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 
 # shellcheck disable=SC2086
-default_args="--config 1024x120 --config 1024x1920 --config 4096x480 --config 16384x120
-  --config 65536x120 --peer cusparse --peer torch --peer-max 7864320 --repeat 3"
+default_args="--config 1024x120 --config 1024x1920 --config 4096x480 --config 4096x1920 --config 16384x480
+  --config 65536x120 --peer cusparse --peer torch --peer-max 1966080 --repeat 3"
 python3 -m spdnn_mpi.peers_gpu ${SUITE_ARGS:-$default_args} "${digits_arg[@]}" \
   --json "$out/suite.json" 2>&1 | tee "$out/suite.log"
 suite_rc=${PIPESTATUS[0]}

@@ -38,6 +38,8 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GLOBAL_WARP_OUTPUTS": 8,
     "SPDNN_SMEM_ITEMS_PER_BLOCK": 4,
     "SPDNN_COMPACT_DIV": 10,
+    "SPDNN_CP_ASYNC": 1,
+    "SPDNN_SMEM_PAIRS": 1,
 }
 
 #: Compiled modules, memoised by (device id, source digest).
