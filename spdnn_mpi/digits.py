@@ -7,10 +7,11 @@ thresholded at grey level ``threshold`` (128 by default: the usual half
 intensity) and scaled by side / 32 (nearest neighbour: each pixel becomes a
 block; block means for the small sides 8 and 16), so it fills 28/32 of the
 canvas at every N as at N = 1024 (28 in 32), and is centred. The density is
-then the same at every N (10.06% with the bundled digits).
+then the same at every N (10.17% with the bundled digits).
 
 Distinct images beyond the number of digits come from small deterministic
-shifts of the whole canvas (in steps of one source pixel), variant-major:
+shifts of the whole canvas (in steps of one source pixel, side / 32 canvas
+pixels, at least one), variant-major:
 image ``v * n_digits + d`` is digit d under shift v, shift 0 being none. With
 the 5000 bundled digits, 60000 images are 12 shifts of each.
 
@@ -153,6 +154,11 @@ def _layout(side: int) -> tuple[int, int, int]:
     return factor, box, (side - box) // 2
 
 
+def _shift_step(side: int) -> int:
+    """Canvas pixels per shift step: one source pixel, at least one canvas pixel."""
+    return max(1, side // UNIT_SIDE)
+
+
 def render_digits(digits: np.ndarray, side: int, threshold: int = DEFAULT_THRESHOLD) -> SparseRows:
     """Each digit thresholded, scaled by side / 32 and centred on a side x side canvas."""
     digits = np.asarray(digits)
@@ -242,7 +248,7 @@ def digit_images(
         )
     offsets = shift_offsets(n_variants)
     base = render_digits(digits[: min(n_digits, n_images)], side, threshold)
-    step = max(1, side // UNIT_SIDE)
+    step = _shift_step(side)
     margin = _layout(side)[2]  # shifts up to the margin crop nothing: plain id offsets
     indptr = np.zeros(n_images + 1, dtype=np.int64)
     bound = sum(int(base.indptr[min(n_digits, n_images - v * n_digits)]) for v in range(n_variants))
@@ -287,5 +293,5 @@ def images_provenance(
         "side": side,
         "threshold": threshold,
         "scale": f"{side}/{UNIT_SIDE} of a 28x28 digit, centred",
-        "shift_step_pixels": max(1, side // UNIT_SIDE),
+        "shift_step_pixels": _shift_step(side),
     }
