@@ -56,7 +56,9 @@
 #define P_TILE_BASE 5
 #define P_TSTRIDE 6
 #define P_MAX_TILES 7
-#define P_SIZE 8
+#define P_COUNTERS 8  // two parities of P_NQ work counters (layer_ell_l1)
+#define P_NQ 9        // work queues of layer_ell_l1 (one per SM)
+#define P_SIZE 10
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -88,6 +90,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 __device__ __forceinline__ u64 global_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -114,11 +122,13 @@ __device__ __forceinline__ bool last_block_done(int* state) {
 // clear the other parity's masks for the next layer, record the count and
 // decide whether compact_rows should move the survivors.
 __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
-                           int* live_hist, u64* stamps, int k, int drop_dead) {
+                           int* live_hist, u64* stamps, int k, int drop_dead,
+                           u32* next_counters, int nq) {
   __shared__ int s_warp[32];
   const int n_tiles = ld_state(state, ST_TILES);
   const int n_rows = ld_state(state, ST_ROWS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int q = threadIdx.x; q < nq; q += blockDim.x) next_counters[q] = 0u;
   int carry = 0;
   for (int base = 0; base < n_tiles; base += blockDim.x) {
     const int t = base + threadIdx.x;

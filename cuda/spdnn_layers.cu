@@ -10,6 +10,7 @@
 //                          stages T rows x n_in inputs in shared memory.
 //                          T = 32: lane = row; T < 32: 32/T outputs per warp.
 //   layer_ell_global<D>    same, inputs read through L1/L2 (large n_in).
+//   layer_ell_l1<D>        same items, scheduled per SM so a tile stays in L1.
 //   layer_csr<SMEM, VALS, I>  any CSR: variable degree, per-nonzero values,
 //                          32-bit indices when n_in > 65536.
 // Sums run in CSR order with one accumulator, as the scipy reference does,
@@ -34,6 +35,8 @@ struct LayerArgs {
   u64* stamps;
   int k;
   int drop_dead;
+  u32* counters;  // two parities of nq work counters
+  int nq;
 };
 
 // Kernel parameters are passed flat (no struct crosses the host boundary) and
@@ -58,7 +61,9 @@ struct LayerArgs {
                        live_hist,                                                    \
                        stamps,                                                       \
                        k,                                                            \
-                       drop_dead}
+                       drop_dead,                                                    \
+                       reinterpret_cast<u32*>(ptrs[P_COUNTERS]),                     \
+                       (int)ptrs[P_NQ]}
 
 __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) {
   const float b = a.bias_v ? __ldg(a.bias_v + j) : a.bias_s;
@@ -69,7 +74,8 @@ __device__ __forceinline__ void finish_layer(const LayerArgs& a) {
   if (last_block_done(a.state)) {
     u32* mask = a.masks + (a.k & 1) * a.max_tiles;
     u32* next = a.masks + ((a.k + 1) & 1) * a.max_tiles;
-    block_plan(a.state, mask, next, a.tile_base, a.live_hist, a.stamps, a.k, a.drop_dead);
+    block_plan(a.state, mask, next, a.tile_base, a.live_hist, a.stamps, a.k, a.drop_dead,
+               a.counters + ((a.k + 1) & 1) * a.nq, a.nq);
   }
 }
 
@@ -232,41 +238,104 @@ __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
   finish_layer(a);
 }
 
+// One work item of the L1/L2 kernels: outputs [chunk*per_chunk, +per_chunk) of
+// tile t, WO consecutive outputs per warp, lane = row; ORs the alive rows into
+// mask[t]. Called by all threads of the block.
+template <int D>
+__device__ __forceinline__ void global_item(const LayerArgs& a, const float* __restrict__ src,
+                                            float* dst, u32* mask, const uint4* idx4, int t,
+                                            int chunk, u32* s_alive) {
+  constexpr int WO = SPDNN_GLOBAL_WARP_OUTPUTS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int per_chunk = nwarps * WO;
+  if (threadIdx.x == 0) *s_alive = 0u;
+  __syncthreads();
+  const float* xt = src + t * a.tstride + lane;
+  float* out = dst + t * a.tstride + lane;
+  bool alive = false;
+  const int j0 = chunk * per_chunk + warp * WO;
+  const int j1 = min(a.n_out, j0 + WO);
+  for (int j = j0; j < j1; ++j) {
+    const float acc = gather_sum_global<D>(idx4 + (i64)j * (D / 8), xt);
+    const float y = epilogue(acc, j, a);
+    out[(i64)j * 32] = y;
+    alive |= y > 0.0f;
+  }
+  const u32 b = __ballot_sync(0xffffffffu, alive);
+  if (lane == 0 && b) atomicOr(s_alive, b);
+  __syncthreads();
+  if (threadIdx.x == 0 && *s_alive) atomicOr(mask + t, *s_alive);
+}
+
 template <int D>
 __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     layer_ell_global(LAYER_PARAMS, const u16* __restrict__ idx) {
   LAYER_ARGS;
-  constexpr int WO = SPDNN_GLOBAL_WARP_OUTPUTS;
   __shared__ u32 s_alive;
   const int n_tiles = ld_state(a.state, ST_TILES);
   const int sel = ld_state(a.state, ST_SEL);
   const float* src = sel ? a.buf1 : a.buf0;
   float* dst = sel ? a.buf0 : a.buf1;
   u32* mask = a.masks + (a.k & 1) * a.max_tiles;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int per_chunk = nwarps * WO;
+  const int per_chunk = (blockDim.x >> 5) * SPDNN_GLOBAL_WARP_OUTPUTS;
   const int n_chunks = (a.n_out + per_chunk - 1) / per_chunk;
   const i64 n_items = (i64)n_tiles * n_chunks;
   const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
   for (i64 item = blockIdx.x; item < n_items; item += gridDim.x) {
     const int t = (int)(item / n_chunks), chunk = (int)(item - (i64)t * n_chunks);
-    if (threadIdx.x == 0) s_alive = 0u;
-    __syncthreads();
-    const float* xt = src + t * a.tstride + lane;
-    float* out = dst + t * a.tstride + lane;
-    bool alive = false;
-    const int j0 = chunk * per_chunk + warp * WO;
-    const int j1 = min(a.n_out, j0 + WO);
-    for (int j = j0; j < j1; ++j) {
-      const float acc = gather_sum_global<D>(idx4 + (i64)j * (D / 8), xt);
-      const float y = epilogue(acc, j, a);
-      out[(i64)j * 32] = y;
-      alive |= y > 0.0f;
+    global_item<D>(a, src, dst, mask, idx4, t, chunk, &s_alive);
+  }
+  finish_layer(a);
+}
+
+// Same work as layer_ell_global, scheduled so that the blocks resident on one
+// SM share one tile: tile t belongs to queue t % nq, a block takes items from
+// the queue of the SM it runs on (then steals from the others), so the tile
+// (n_in * 128 bytes) is read from L2 once per SM and the gathers hit in L1.
+template <int D>
+__global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
+    layer_ell_l1(LAYER_PARAMS, const u16* __restrict__ idx) {
+  LAYER_ARGS;
+  __shared__ u32 s_alive;
+  __shared__ int s_take[2];
+  const int n_tiles = ld_state(a.state, ST_TILES);
+  const int sel = ld_state(a.state, ST_SEL);
+  const float* src = sel ? a.buf1 : a.buf0;
+  float* dst = sel ? a.buf0 : a.buf1;
+  u32* mask = a.masks + (a.k & 1) * a.max_tiles;
+  u32* counters = a.counters + (a.k & 1) * a.nq;
+  const int nq = a.nq;
+  const int per_chunk = (blockDim.x >> 5) * SPDNN_GLOBAL_WARP_OUTPUTS;
+  const int n_chunks = (a.n_out + per_chunk - 1) / per_chunk;
+  const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
+  const int home = (int)(sm_id() % (unsigned)nq);
+  int visited = 0;  // used by thread 0 only
+  while (true) {
+    if (threadIdx.x == 0) {
+      int got = -1, gq = -1;
+      while (visited < nq) {
+        const int q = (home + visited) % nq;
+        const int q_tiles = q < n_tiles ? (n_tiles - 1 - q) / nq + 1 : 0;
+        const int q_items = q_tiles * n_chunks;
+        if (q_items > 0) {
+          const int w = (int)atomicAdd(counters + q, 1u);
+          if (w < q_items) {
+            got = w;
+            gq = q;
+            break;
+          }
+        }
+        ++visited;
+      }
+      s_take[0] = got;
+      s_take[1] = gq;
     }
-    const u32 b = __ballot_sync(0xffffffffu, alive);
-    if (lane == 0 && b) atomicOr(&s_alive, b);
     __syncthreads();
-    if (threadIdx.x == 0 && s_alive) atomicOr(mask + t, s_alive);
+    const int w = s_take[0], q = s_take[1];
+    __syncthreads();  // everyone has read s_take before thread 0 writes it again
+    if (w < 0) break;
+    const int t = q + (w / n_chunks) * nq, chunk = w - (w / n_chunks) * n_chunks;
+    global_item<D>(a, src, dst, mask, idx4, t, chunk, &s_alive);
   }
   finish_layer(a);
 }

@@ -65,7 +65,8 @@ def _fixed_degree_layer(rng, n_in, n_out, degree, *, bias=-0.3, clip=32.0, value
     return Layer(n_in, n_out, indptr, idx.ravel().astype(np.uint16), None, value, bias, clip)
 
 
-@pytest.mark.parametrize("variant,n_out", [("smem32", 64), ("smem8", 70), ("global", 33)])
+@pytest.mark.parametrize("variant,n_out",
+                         [("smem32", 64), ("smem8", 70), ("global", 33), ("l1", 40)])
 def test_ell_layout_round_trip(variant, n_out):
     rng = np.random.default_rng(1)
     layer = _fixed_degree_layer(rng, 300, n_out, 16)
@@ -150,7 +151,7 @@ def test_random_networks_match_reference(widths, values, bias, clip, binary):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", ["auto", "smem32", "smem8", "global", "csr"])
+@pytest.mark.parametrize("variant", ["auto", "smem32", "smem8", "global", "l1", "csr"])
 @pytest.mark.parametrize("widths", [[512, 512, 512, 512], [300, 1000, 200, 700]])
 def test_fixed_degree_uniform_layers_every_kernel(variant, widths):
     rng = np.random.default_rng(len(widths) * 7 + widths[1])
@@ -182,7 +183,7 @@ def _read_real_layers(n_layers: int) -> list[Layer]:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", ["auto", "smem8", "global"])
+@pytest.mark.parametrize("variant", ["auto", "smem8", "global", "l1"])
 def test_real_1024_network_categories(variant):
     rng = np.random.default_rng(5)
     net = Network(_read_real_layers(30))
@@ -197,7 +198,7 @@ def test_real_1024_network_categories(variant):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", ["auto", "global"])
+@pytest.mark.parametrize("variant", ["auto", "l1"])
 def test_radixnet_4096_categories_and_batching(variant):
     from spdnn_mpi.radixnet import radixnet_network
 

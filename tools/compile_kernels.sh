@@ -19,6 +19,7 @@ trap 'rm -rf "$work"' EXIT
     echo "template __global__ void layer_ell_smem<32,$d>(P, const u16*, int);"
     echo "template __global__ void layer_ell_smem<8,$d>(P, const u16*, int);"
     echo "template __global__ void layer_ell_global<$d>(P, const u16*);"
+    echo "template __global__ void layer_ell_l1<$d>(P, const u16*);"
   done
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"

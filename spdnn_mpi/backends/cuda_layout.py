@@ -84,7 +84,7 @@ def source_digest(source: str, names: tuple[str, ...]) -> str:
 class LayerPlan:
     """How one layer runs on the device: which kernel, with which layout."""
 
-    kind: str  # "smem32", "smem8", "global", "csr_smem", "csr_global"
+    kind: str  # "smem32", "smem8", "global", "l1", "csr_smem", "csr_global"
     kernel: str  # NVRTC name expression
     degree: int  # inputs per output (ELL kinds), 0 for CSR
     rows_per_unit: int  # rows a block stages (ELL smem kinds), 32 otherwise
@@ -97,8 +97,9 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
 
     Uniform weights with a fixed degree (a multiple of 8, at most 64) and
     16-bit indices take the ELL kernels: the whole 32-row tile in shared
-    memory when it fits (``smem32``), else an 8-row slice (``smem8``) or the
-    L1/L2 kernel (``global``); ``variant`` forces one where it applies.
+    memory when it fits (``smem32``), else the L1/L2 kernel (``global``);
+    ``variant`` forces one of those, the 8-row slice (``smem8``) or the
+    per-SM scheduled L1 kernel (``l1``) where it applies.
     Everything else takes the CSR kernel.
     """
     d = layer.row_degree
@@ -114,7 +115,11 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
     fits8 = layer.n_in * 8 * 4 <= smem_limit
     if ell_ok and variant != "csr":
         if variant == "auto":
-            kind = "smem32" if fits32 else ("smem8" if fits8 else "global")
+            # Measured on the H200 (docs/performance.md): the staged 32-row tile
+            # wins where it fits; beyond it the L1/L2 kernel beats the 8-row slice.
+            kind = "smem32" if fits32 else "global"
+        elif variant == "l1":
+            kind = "l1"
         elif variant == "smem32":
             kind = "smem32" if fits32 else ("smem8" if fits8 else "global")
         elif variant == "smem8":
@@ -123,8 +128,9 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
             kind = "global"
         else:
             raise SpdnnError(f"unknown CUDA kernel variant {variant!r}")
-        if kind == "global":
-            return LayerPlan(kind, f"layer_ell_global<{d}>", d, 32, 0, layer.n_out)
+        if kind in ("global", "l1"):
+            name = "layer_ell_global" if kind == "global" else "layer_ell_l1"
+            return LayerPlan(kind, f"{name}<{d}>", d, 32, 0, layer.n_out)
         t = 32 if kind == "smem32" else 8
         g = 32 // t
         return LayerPlan(
