@@ -243,6 +243,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                 if real is not None:
                     nets.insert(0, ("official", real))
             for label, net in nets:
+                first = len(out)  # peers are compared with the first variant's row
                 for spec in variants:
                     variant, _, extra = spec.partition(":")
                     defines = dict((kv.split("=")[0], int(kv.split("=")[1]))
@@ -273,7 +274,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                           f"({row['of_floor']:.0%} of floor){split} "
                           f"graphs {r['info'].get('graphs')}", flush=True)
                     out.append(row)
-                ours = out[-1]
+                ours = out[first]
                 for peer in peers:
                     if n * depth > peer_max:
                         ours["peers"][peer] = {"skipped": f"N*L > {peer_max}"}
