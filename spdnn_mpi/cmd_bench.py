@@ -159,6 +159,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
         "backend": backend_name, "seconds": median, "seconds_all": times,
         "edges_per_second": edges_per_second(rows.n_rows, edges, median),
         "alive_at_end": int(len(ours)), "read_seconds": read_s, "layout_seconds": layout_s,
+        "input_seconds": res.input_seconds,
         "live_rows_per_layer": res.live_per_layer.tolist(),
         "backend_info": backend.describe(),
     }

@@ -49,7 +49,8 @@ def summary_lines(report: dict) -> list[str]:
         f"{report['n_images']} images",
         f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
         f"load        {report['load_seconds']:.3f} s (read), "
-        f"{report['layout_seconds']:.3f} s (device layout)",
+        f"{report['layout_seconds']:.3f} s (device layout), "
+        f"{report['input_seconds']:.3f} s (inputs to device)",
         f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
         f"imbalance {report['imbalance']:.3f}",
         f"rate        {report['edges_per_second']:.4g} edges/s "

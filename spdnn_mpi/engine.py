@@ -39,7 +39,13 @@ class Backend(Protocol):
         """Upload the weights and build the backend's layout (not timed as inference)."""
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
-        """Replace the current features with these input rows; optionally drop empty rows."""
+        """Replace the current features with these input rows; optionally drop empty rows.
+
+        Uploading and densifying the inputs; may be asynchronous.
+        """
+
+    def synchronize(self) -> None:
+        """Wait until all queued work is done (no-op for synchronous backends)."""
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
         """Apply 0-based layer ``k``; then drop all-zero rows if ``drop_dead``. May be async."""
@@ -63,10 +69,11 @@ class InferenceResult:
 
     alive_ids: np.ndarray  # global 0-based image ids, sorted
     live_per_layer: np.ndarray  # summed over batches
-    seconds: float  # inference time (features upload to surviving ids on the host)
+    seconds: float  # inference time: features in place to surviving ids on the host
     layer_seconds: np.ndarray | None
     batches: int
     features: np.ndarray | None = None
+    input_seconds: float = 0.0  # uploading and densifying the inputs (not in ``seconds``)
     extra: dict = field(default_factory=dict)
 
     def categories(self) -> np.ndarray:
@@ -98,7 +105,13 @@ def run_inference(
     progress: ProgressFn | None = None,
     progress_every: float = 2.0,
 ) -> InferenceResult:
-    """Run every layer of ``network`` over ``rows`` on an already loaded ``backend``."""
+    """Run every layer of ``network`` over ``rows`` on an already loaded ``backend``.
+
+    Timing follows the challenge (and the 2020 code we compare with): the
+    clock covers the layers and fetching the survivors, per batch; putting a
+    batch's inputs on the device is timed apart as ``input_seconds``, like
+    reading the weights is.
+    """
     drop = droppable_after(network)
     n_layers = network.n_layers
     batch_rows = choose_batch(backend, network, rows.n_rows, batch)
@@ -107,17 +120,23 @@ def run_inference(
     alive: list[np.ndarray] = []
     feats: list[np.ndarray] = []
     n_batches = 0
-    t0 = time.perf_counter()
-    next_report = t0 + progress_every
+    seconds = input_seconds = 0.0
+    t_start = time.perf_counter()
+    next_report = t_start + progress_every
     for start in range(0, max(rows.n_rows, 1), batch_rows):
         part = rows.slice(start, min(start + batch_rows, rows.n_rows))
+        t_in = time.perf_counter()
         backend.load_features(part, drop[0])
+        backend.synchronize()
+        t0 = time.perf_counter()
+        input_seconds += t0 - t_in
         for k in range(n_layers):
             backend.run_layer(k, drop[k + 1])
             if progress is not None and time.perf_counter() >= next_report:
-                progress(k + 1, n_layers, backend.live_count(), time.perf_counter() - t0)
+                progress(k + 1, n_layers, backend.live_count(), time.perf_counter() - t_start)
                 next_report = time.perf_counter() + progress_every
         res = backend.finish(want_features)
+        seconds += time.perf_counter() - t0
         n_batches += 1
         live += np.asarray(res.live_per_layer, dtype=np.int64)
         if res.layer_seconds is not None and layer_seconds is not None:
@@ -127,7 +146,6 @@ def run_inference(
         alive.append(np.asarray(res.alive_rows, dtype=np.int64) + part.first_row)
         if want_features and res.features is not None:
             feats.append(res.features)
-    seconds = time.perf_counter() - t0
     ids = np.concatenate(alive) if alive else np.zeros(0, dtype=np.int64)
     order = np.argsort(ids, kind="stable")
     features = None
@@ -135,5 +153,6 @@ def run_inference(
         width = network.layers[-1].n_out
         features = np.concatenate(feats)[order] if feats else np.zeros((0, width), np.float32)
     if progress is not None:
-        progress(n_layers, n_layers, int(len(ids)), seconds)
-    return InferenceResult(ids[order], live, seconds, layer_seconds, n_batches, features)
+        progress(n_layers, n_layers, int(len(ids)), time.perf_counter() - t_start)
+    return InferenceResult(ids[order], live, seconds, layer_seconds, n_batches, features,
+                           input_seconds)

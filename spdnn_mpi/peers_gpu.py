@@ -3,9 +3,9 @@
 Each peer runs the same inference as the engine with the same row dropping
 (rows that are all zero after a layer are removed when every later layer maps
 zero to zero) and returns ``(sorted alive 0-based ids, inference seconds)``.
-Only inference is timed: weights are on the device before the clock starts;
-the clock covers the features' upload to the survivors' ids on the host,
-like ``engine.run_inference``.
+Only inference is timed, as in ``engine.run_inference``: weights and the
+dense input features are on the device before the clock starts; the clock
+covers the layers and fetching the survivors' ids to the host.
 
 - ``cusparse_infer``: cupyx.scipy.sparse CSR of W^T times dense Y^T (cuSPARSE SpMM).
 - ``torch_sparse_infer``: torch.sparse CSR, the same product.
@@ -58,8 +58,6 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
         bias = cp.asarray(layer.bias_vector())[None, :]
         clip = None if layer.clip is None else np.float32(layer.clip)
         mats.append((wt, bias, clip))
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
     base = int(rows.indptr[0])
     y = cps.csr_matrix(
         (cp.asarray(rows.row_values()), cp.asarray(rows.indices.astype(np.int32)),
@@ -67,6 +65,8 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
         shape=(rows.n_rows, rows.n_cols),
     ).toarray()
     ids = cp.arange(rows.n_rows, dtype=np.int64)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
     if drop[0]:
         keep = y.any(axis=1)
         y, ids = y[keep], ids[keep]
@@ -108,8 +108,6 @@ def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, 
         )
         bias = torch.as_tensor(layer.bias_vector(), device=dev)[None, :]
         mats.append((wt, bias, layer.clip))
-    torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
     base = int(rows.indptr[0])
     y = torch.sparse_csr_tensor(
         torch.as_tensor(np.asarray(rows.indptr, dtype=np.int64) - base),
@@ -118,6 +116,8 @@ def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, 
         size=(rows.n_rows, rows.n_cols), device=dev,
     ).to_dense()
     ids = torch.arange(rows.n_rows, device=dev)
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
     if drop[0]:
         keep = (y != 0).any(dim=1)
         y, ids = y[keep], ids[keep]

@@ -99,6 +99,9 @@ class CpuBackend:
         self._spare = np.empty(shape, dtype=np.float32)
         self._alive = np.zeros(n_tiles * self.tile_rows, dtype=np.bool_)
 
+    def synchronize(self) -> None:
+        """Nothing queued: every call runs to completion."""
+
     def run_layer(self, k: int, drop_dead: bool) -> None:
         indptr, indices, vals, uniform, bias, clip, n_out = self._layers[k]
         kernel = self._k.layer_uniform if uniform else self._k.layer_general

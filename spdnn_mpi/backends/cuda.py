@@ -13,10 +13,8 @@ a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,57 +46,15 @@ _MODULES: dict[tuple[int, str], Any] = {}
 
 
 def import_cupy():
-    """CuPy, or a clear error saying how to get it.
-
-    In a source checkout the kernel folder ``cuda/`` is a Python package (it
-    becomes ``spdnn_mpi.kernels`` when installed) and, with the checkout on
-    ``sys.path``, hides NVIDIA's ``cuda`` namespace package that CuPy imports
-    (``cuda.pathfinder``). Then the import is retried without the checkout.
-    """
+    """CuPy, or a clear error saying how to get it."""
     try:
         import cupy
     except ImportError as exc:
-        if not _unshadow_cuda_namespace():
-            raise _no_cupy() from exc
-        try:
-            import cupy
-        except ImportError as exc2:
-            raise _no_cupy() from exc2
+        raise SpdnnError(
+            "CuPy is not installed: the cuda backend needs it "
+            "(pip install 'spdnn_mpi[cuda]' for CUDA 13, 'spdnn_mpi[cuda12]' for CUDA 12)"
+        ) from exc
     return cupy
-
-
-def _no_cupy() -> SpdnnError:
-    return SpdnnError(
-        "CuPy is not installed: the cuda backend needs it "
-        "(pip install 'spdnn_mpi[cuda]' for CUDA 13, 'spdnn_mpi[cuda12]' for CUDA 12)"
-    )
-
-
-def _unshadow_cuda_namespace() -> bool:
-    """Forget a ``cuda`` module that is this checkout's kernel folder and import
-    NVIDIA's ``cuda`` namespace with the checkout off ``sys.path``; True if done."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "cuda" / "__init__.py").is_file():
-        return False
-    on_path = [p for p in sys.path if Path(p or ".").resolve() == root]
-    mod = sys.modules.get("cuda")
-    ours = mod is not None and any(
-        Path(p).resolve() == root / "cuda" for p in getattr(mod, "__path__", []))
-    if not on_path and not ours:
-        return False
-    for name in list(sys.modules):
-        top = name.split(".")[0]
-        if top in ("cuda", "cupy", "cupyx", "cupy_backends"):
-            del sys.modules[name]
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
-    try:
-        import cuda  # noqa: F401  (NVIDIA's namespace package, now in sys.modules)
-    except ImportError:
-        return False
-    finally:
-        sys.path[:] = saved
-    return True
 
 
 def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int]):
@@ -405,6 +361,10 @@ class CudaBackend:
             self._graphs.clear()
         self._graphs[todo] = graph
         return graph
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on this backend's stream."""
+        self._stream.synchronize()
 
     def live_count(self) -> int:
         """Rows alive after the last layer run (waits for the device)."""

@@ -30,6 +30,9 @@ class ReferenceBackend:
             self._pos, self._y = self._pos[keep], self._y[keep]
         self._live: list[int] = []
 
+    def synchronize(self) -> None:
+        """Nothing queued: every call runs to completion."""
+
     def run_layer(self, k: int, drop_dead: bool) -> None:
         wt, bias, clip = self._layers[k]
         z = np.asarray(wt @ self._y.T, dtype=np.float32).T + bias[None, :]

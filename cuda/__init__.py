@@ -1,1 +1,0 @@
-"""CUDA kernel sources, shipped as package data (``spdnn_mpi.kernels`` when installed)."""
