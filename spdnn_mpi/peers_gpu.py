@@ -85,6 +85,8 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
             y, ids = y[keep], ids[keep]
     alive = ids[y.any(axis=1)].get() if y.shape[0] else np.zeros(0, np.int64)
     seconds = time.perf_counter() - t0
+    mats = y = z = ids = None  # noqa: F841  (free before the next peer)
+    cp.get_default_memory_pool().free_all_blocks()  # leave the device to the next peer
     return np.sort(alive) + rows.first_row, seconds
 
 
@@ -133,6 +135,8 @@ def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, 
             y, ids = y[keep], ids[keep]
     alive = ids[(y != 0).any(dim=1)].cpu().numpy() if y.shape[0] else np.zeros(0, np.int64)
     seconds = time.perf_counter() - t0
+    mats = y = z = ids = None  # noqa: F841  (free before the next peer)
+    torch.cuda.empty_cache()  # leave the device to the next peer
     return np.sort(alive.astype(np.int64)) + rows.first_row, seconds
 
 
