@@ -18,7 +18,7 @@
 #define SPDNN_GLOBAL_WARP_OUTPUTS 8  // outputs one warp computes per work item (global kernel)
 #endif
 #ifndef SPDNN_SMEM_ITEMS_PER_BLOCK
-#define SPDNN_SMEM_ITEMS_PER_BLOCK 4  // split outputs until each block has this many items
+#define SPDNN_SMEM_ITEMS_PER_BLOCK 1  // split outputs until each block has this many items (1: measured best, docs/performance.md)
 #endif
 #ifndef SPDNN_COMPACT_DIV
 #define SPDNN_COMPACT_DIV 10  // compact when it frees at least 1/DIV of the tiles
