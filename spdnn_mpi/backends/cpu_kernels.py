@@ -107,6 +107,14 @@ def scatter_rows(tiles, n_tiles, rows, indptr, indices, values, binary):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def first_touch(tiles):
+    """Write zeros to a fresh buffer from all threads, so its page faults are taken
+    in parallel now rather than serially inside the first layer."""
+    for t in prange(tiles.shape[0]):
+        tiles[t] = 0.0
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def gather_rows(tiles, slots, width):
     """Dense row-major copy (len(slots) x width) of the given slots."""
     out = np.empty((len(slots), width), dtype=np.float32)
