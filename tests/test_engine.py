@@ -124,3 +124,19 @@ def test_global_ids_survive_slicing():
     parts = [run_inference(net, rows.slice(a, b), backend).alive_ids
              for a, b in [(0, 13), (13, 13), (13, 40)]]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_real_network_reference_and_cpu_agree(real_dir):
+    """All 120 official layers, MNIST-derived inputs: categories identical."""
+    from spdnn_mpi.digits import digit_images
+    from spdnn_mpi.tsv import iter_layers
+
+    net = Network(list(iter_layers(real_dir, 1024, 120, bias=-0.3, clip=32.0)))
+    rows = digit_images(1024, 3000)
+    ids, feats = reference_infer(net, rows)
+    assert 0 < len(ids) < rows.n_rows
+    backend = make_backend("cpu")
+    backend.load_network(net.layers)
+    res = run_inference(net, rows, backend, want_features=True)
+    np.testing.assert_array_equal(res.alive_ids, ids)
+    np.testing.assert_array_equal(res.features, feats)  # 1/16 weights: bit-identical sums
