@@ -36,10 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def print_progress(done: int, total: int, live: int, seconds: float) -> None:
-    rate = done / seconds if seconds > 0 else 0.0
-    print(f"  layer {done}/{total}  live rows {live}  {seconds:.1f} s  ({rate:.1f} layers/s)",
-          file=sys.stderr, flush=True)
+def progress_printer(n_ranks: int):
+    """Progress lines for rank 0 (its own rows when there are several ranks)."""
+    whose = " on rank 0" if n_ranks > 1 else ""
+
+    def show(done: int, total: int, live: int, seconds: float) -> None:
+        rate = done / seconds if seconds > 0 else 0.0
+        print(f"  layer {done}/{total}  live rows{whose} {live}  {seconds:.1f} s  "
+              f"({rate:.1f} layers/s)", file=sys.stderr, flush=True)
+
+    return show
 
 
 def summary_lines(report: dict) -> list[str]:
@@ -49,7 +55,7 @@ def summary_lines(report: dict) -> list[str]:
         f"{report['n_images']} images",
         f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
         f"load        {report['load_seconds']:.3f} s (read), "
-        f"{report['layout_seconds']:.3f} s (device layout), "
+        f"{report['layout_seconds']:.3f} s (layout and warm-up), "
         f"{report['input_seconds']:.3f} s (inputs to device)",
         f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
         f"imbalance {report['imbalance']:.3f}",
@@ -83,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(
         store=args.store, layers=args.layers, backend=args.backend, partition=args.partition,
         batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
-        weights_load=args.weights_load, progress=None if args.quiet else print_progress,
+        weights_load=args.weights_load,
+        progress=None if args.quiet else progress_printer(world.Get_size()),
     )
     if rank == 0 and not args.quiet:
         print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)
