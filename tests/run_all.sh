@@ -12,4 +12,5 @@ for n in 1 2 3; do
         tests/test_mpi.py tests/test_cli_mpi.py -m mpi 2>&1 | tail -n 3
 done
 echo "== serial tests"
-exec "$PY" -m pytest -q -rs --durations=10 "$@"
+# the mpi-marked tests ran above under mpiexec; here everything else
+exec "$PY" -m pytest -q -rs --durations=10 -m "not mpi" "$@"
