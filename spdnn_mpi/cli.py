@@ -25,6 +25,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except the empty ones (None, False, [])."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, []) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spdnn",
@@ -38,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=(module.__doc__ or help_text).strip().splitlines()[0],
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=_HelpFormatter,
         )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
