@@ -107,23 +107,11 @@ def generated_cases(args) -> list[tuple[Path, int]]:
     return cases
 
 
-def time_backend(network, rows, backend, repeat: int, batch: int | None):
-    """(median seconds, all seconds, last result) of ``repeat`` full runs after a warm-up."""
-    from spdnn_mpi.engine import run_inference
-
-    run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch)
-    times, result = [], None
-    for _ in range(max(1, repeat)):
-        result = run_inference(network, rows, backend, batch=batch)
-        times.append(result.seconds)
-    return statistics.median(times), times, result
-
-
 def run_peer(name: str, network, rows, threads: int | None):
     """(alive ids, seconds) of one peer, after an untimed warm-up on a few rows.
 
     The warm-up keeps library start-up (handles, kernel compilation) out of
-    the peer's time, as ``time_backend`` does for ours.
+    the peer's time, as ``engine.time_inference`` does for ours.
     """
     if name == "graphblas":
         from spdnn_mpi.peers import graphblas_infer
@@ -144,7 +132,7 @@ def run_peer(name: str, network, rows, threads: int | None):
 def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_name: str) -> dict:
     from spdnn_mpi.comm import partition
     from spdnn_mpi.driver import compare_categories
-    from spdnn_mpi.engine import run_inference
+    from spdnn_mpi.engine import run_inference, time_inference
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.report import edges_per_second
     from spdnn_mpi.store import Store
@@ -161,7 +149,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     t0 = time.perf_counter()
     backend.load_network(network.layers)
     layout_s = time.perf_counter() - t0
-    median, times, res = time_backend(network, rows, backend, args.repeat, args.batch)
+    median, times, res = time_inference(network, rows, backend, args.repeat, args.batch)
     edges = network.edges()
     ours = res.categories()
     row = {

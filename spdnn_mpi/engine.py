@@ -9,6 +9,7 @@ fit are processed in batches with identical results.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -156,3 +157,19 @@ def run_inference(
         progress(n_layers, n_layers, int(len(ids)), time.perf_counter() - t_start)
     return InferenceResult(ids[order], live, seconds, layer_seconds, n_batches, features,
                            input_seconds)
+
+
+def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat: int = 3,
+                   batch: int | None = None) -> tuple[float, list[float], InferenceResult]:
+    """(median seconds, every run's seconds, last result) of ``repeat`` timed runs.
+
+    An untimed warm-up on a few rows first keeps compilation and CUDA graph
+    capture out of the numbers. The benchmark and the GPU harness both use it.
+    """
+    run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch)
+    times: list[float] = []
+    result = None
+    for _ in range(max(1, repeat)):
+        result = run_inference(network, rows, backend, batch=batch)
+        times.append(result.seconds)
+    return statistics.median(times), times, result

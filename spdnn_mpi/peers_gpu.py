@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -170,19 +169,15 @@ def time_cuda(network: Network, rows: SparseRows, *, repeat: int = 3, variant: s
               defines: dict[str, int] | None = None) -> dict:
     """Load, warm up and time the CUDA backend (median of ``repeat`` runs)."""
     from spdnn_mpi.backends.cuda import CudaBackend
-    from spdnn_mpi.engine import run_inference
+    from spdnn_mpi.engine import time_inference
 
     backend = CudaBackend(device=device, variant=variant, defines=defines)
     t0 = time.perf_counter()
     backend.load_network(network.layers)
     load_s = time.perf_counter() - t0
-    run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch)
-    times, res = [], None
-    for _ in range(max(1, repeat)):
-        res = run_inference(network, rows, backend, batch=batch)
-        times.append(res.seconds)
+    median, times, res = time_inference(network, rows, backend, repeat, batch)
     info = backend.describe()
-    return {"seconds": statistics.median(times), "seconds_all": times, "result": res,
+    return {"seconds": median, "seconds_all": times, "result": res,
             "load_seconds": load_s, "info": info}
 
 
