@@ -157,12 +157,18 @@ def generate_store(
     kept: list = []
     stream = _reporting(layer_stream, layers, progress, kept, max(wanted, default=0))
 
+    from spdnn_mpi.reference import reference_categories, reference_categories_at
+
     def compute_truth() -> list:
         """(layer count, categories) for each wanted count, from the layers kept."""
         out = []
+        t1 = time.perf_counter()
+        if truth_fn is reference_categories and wanted:
+            # one pass for every count: shorter networks are prefixes of the deepest
+            by_count = reference_categories_at(Network(kept), rows, wanted)
         for n in wanted:
-            t1 = time.perf_counter()
-            ids = truth_fn(Network(kept[:n]), rows)
+            ids = by_count[n] if truth_fn is reference_categories else truth_fn(
+                Network(kept[:n]), rows)
             out.append((n, ids))
             if progress is not None:
                 progress(

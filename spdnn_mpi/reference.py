@@ -42,6 +42,29 @@ def forward_dense(network: Network, features: np.ndarray) -> np.ndarray:
 
 def reference_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, np.ndarray]:
     """(alive global 0-based row ids, their final features) after all layers."""
+    ids, y, _ = _reference_pass(network, rows, ())
+    alive = y.any(axis=1)
+    return ids[alive], y[alive]
+
+
+def reference_categories_at(network: Network, rows: SparseRows,
+                            counts: list[int]) -> dict[int, np.ndarray]:
+    """Categories after each of ``counts`` layers, from one pass over the layers.
+
+    The challenge's 120- and 480-layer networks are prefixes of the 1920-layer
+    one, so their truth comes from one run instead of three.
+    """
+    bad = [n for n in counts if not 1 <= n <= network.n_layers]
+    if bad:
+        raise ValueError(f"layer counts {bad} outside 1..{network.n_layers}")
+    deepest = max(counts)
+    _, _, out = _reference_pass(network.truncated(deepest), rows, set(counts))
+    return out
+
+
+def _reference_pass(network: Network, rows: SparseRows, counts):
+    """(ids, features) after all layers, and categories after each count in ``counts``."""
+    out: dict[int, np.ndarray] = {}
     drop = droppable_after(network)
     ids = np.arange(rows.n_rows, dtype=np.int64) + rows.first_row
     y = rows.to_dense()
@@ -55,11 +78,12 @@ def reference_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, np.
         if layer.clip is not None:
             np.minimum(z, np.float32(layer.clip), out=z)
         y = np.ascontiguousarray(z, dtype=np.float32)
+        if k + 1 in counts:
+            out[k + 1] = np.sort(ids[y.any(axis=1)]) + 1
         if drop[k + 1]:
             keep = y.any(axis=1)
             ids, y = ids[keep], y[keep]
-    alive = y.any(axis=1)
-    return ids[alive], y[alive]
+    return ids, y, out
 
 
 def reference_categories(network: Network, rows: SparseRows) -> np.ndarray:

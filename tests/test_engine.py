@@ -140,3 +140,18 @@ def test_real_network_reference_and_cpu_agree(real_dir):
     res = run_inference(net, rows, backend, want_features=True)
     np.testing.assert_array_equal(res.alive_ids, ids)
     np.testing.assert_array_equal(res.features, feats)  # 1/16 weights: bit-identical sums
+
+
+def test_reference_categories_at_several_counts_in_one_pass():
+    from spdnn_mpi.reference import reference_categories, reference_categories_at
+
+    rng = np.random.default_rng(12)
+    net = challenge_like(rng, n=128, layers=9)
+    rows = random_inputs(rng, 1500, 128, 0.3)
+    by_count = reference_categories_at(net, rows, [2, 5, 9])
+    sizes = [len(by_count[n]) for n in (2, 5, 9)]
+    assert sizes[0] > sizes[2] > 0
+    for n in (2, 5, 9):
+        np.testing.assert_array_equal(by_count[n], reference_categories(net.truncated(n), rows))
+    with pytest.raises(ValueError):
+        reference_categories_at(net, rows, [10])
