@@ -57,7 +57,7 @@ class CpuBackend:
             uniform = lay.values is None
             self._layers.append((
                 np.ascontiguousarray(lay.indptr, dtype=np.int64),
-                np.ascontiguousarray(lay.indices, dtype=np.int32),
+                np.ascontiguousarray(lay.indices),  # uint16 stays uint16: no 2x copy
                 np.float32(lay.uniform_value) if uniform else np.asarray(lay.values, np.float32),
                 uniform,
                 np.ascontiguousarray(lay.bias_vector(), dtype=np.float32),
@@ -81,7 +81,7 @@ class CpuBackend:
         self._cur_width = rows.n_cols
         values = rows.values if rows.values is not None else np.zeros(1, np.float32)
         self._k.scatter_rows(self._cur, self._n_tiles, positions, rows.indptr,
-                             rows.indices.astype(np.int32), values, rows.values is None)
+                             rows.indices, values, rows.values is None)
         self._live: list[int] = []
         self._layer_seconds: list[float] = []
         self._n_active = n
