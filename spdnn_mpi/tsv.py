@@ -29,11 +29,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 from spdnn_mpi.atomic import atomic_path
 from spdnn_mpi.errors import InputFormatError, SpdnnError
 from spdnn_mpi.model import Layer, Network, SparseRows, index_dtype
+from spdnn_mpi.tsv_kernels import (
+    E_BLANK,
+    E_COLUMNS,
+    E_ID_HIGH,
+    E_ID_LOW,
+    E_NOT_INT,
+    E_NOT_NUM,
+    E_RANGE,
+    coo_to_csr,
+    duplicate_keys,
+    format_block,
+    parse_block,
+    row_runs,
+    scan_duplicates,
+    scatter,
+    sort_rows,
+)
 
 #: Bytes of (decompressed) text parsed per block; bounds the parser's memory.
 BLOCK_BYTES = 1 << 24
@@ -43,386 +59,6 @@ MAX_ID = (1 << 31) - 1
 LAYER_RE = re.compile(r"^n(\d+)-l(\d+)\.tsv(\.gz)?$")
 IMAGES_RE = re.compile(r"^sparse-images-(\d+)\.tsv(\.gz)?$")
 CATEGORIES_RE = re.compile(r"^neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
-
-# Error codes the kernel reports in err[0].
-_E_COLUMNS, _E_NOT_INT, _E_NOT_NUM, _E_ID_LOW, _E_ID_HIGH, _E_BLANK, _E_RANGE = range(1, 8)
-_POW10 = np.array([10.0**k for k in range(23)])
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-# ---------------------------------------------------------------------------
-# numba kernels
-# ---------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
-def _token(buf, p, stop):
-    """(start, end) of the next whitespace-delimited token at or after ``p``."""
-    while p < stop and (buf[p] == 9 or buf[p] == 32):
-        p += 1
-    s = p
-    while p < stop and buf[p] != 9 and buf[p] != 32:
-        p += 1
-    return s, p
-
-
-@njit(cache=True, nogil=True)
-def _parse_int(buf, s, e):
-    """(ok, value) of an optionally signed decimal integer; saturates, never overflows."""
-    neg = False
-    if buf[s] == 45:
-        neg = True
-        s += 1
-    elif buf[s] == 43:
-        s += 1
-    if s == e:
-        return False, 0
-    v = 0
-    for k in range(s, e):
-        d = np.int64(buf[k]) - 48
-        if d < 0 or d > 9:
-            return False, 0
-        if v < 100000000000000000:
-            v = v * 10 + d
-    return True, -v if neg else v
-
-
-@njit(cache=True, nogil=True)
-def _parse_float(buf, s, e):
-    """(ok, value) of a decimal number such as ``6.250000e-02``, ``1``, ``-.5E+3``."""
-    neg = False
-    if buf[s] == 45:
-        neg = True
-        s += 1
-    elif buf[s] == 43:
-        s += 1
-    mant = 0
-    ndig = 0
-    exp10 = 0
-    seen = False
-    p = s
-    while p < e:
-        d = np.int64(buf[p]) - 48
-        if d < 0 or d > 9:
-            break
-        seen = True
-        if mant == 0 and d == 0:
-            pass
-        elif ndig < 18:
-            mant = mant * 10 + d
-            ndig += 1
-        else:
-            exp10 += 1
-        p += 1
-    if p < e and buf[p] == 46:
-        p += 1
-        while p < e:
-            d = np.int64(buf[p]) - 48
-            if d < 0 or d > 9:
-                break
-            seen = True
-            if mant == 0 and d == 0:
-                exp10 -= 1
-            elif ndig < 18:
-                mant = mant * 10 + d
-                ndig += 1
-                exp10 -= 1
-            p += 1
-    if not seen:
-        return False, 0.0
-    if p < e and (buf[p] == 101 or buf[p] == 69):
-        p += 1
-        eneg = False
-        if p < e and (buf[p] == 45 or buf[p] == 43):
-            eneg = buf[p] == 45
-            p += 1
-        if p == e:
-            return False, 0.0
-        ev = 0
-        while p < e:
-            d = np.int64(buf[p]) - 48
-            if d < 0 or d > 9:
-                return False, 0.0
-            if ev < 100000:
-                ev = ev * 10 + d
-            p += 1
-        exp10 += -ev if eneg else ev
-    if p != e:
-        return False, 0.0
-    if mant == 0:
-        v = 0.0
-    elif 0 <= exp10 <= 22:
-        v = mant * _POW10[exp10]
-    elif -22 <= exp10 < 0:
-        v = mant / _POW10[-exp10]
-    elif exp10 > 400:
-        v = np.inf
-    elif exp10 < -400:
-        v = 0.0
-    else:
-        v = mant * 10.0**exp10
-    return True, -v if neg else v
-
-
-@njit(cache=True, nogil=True)
-def _parse_block(buf, ncols, max_a, max_b, out_a, out_b, out_v, line0, blank0, err):
-    """Parse lines of ``ncols`` (1 or 3) fields: ids ``a`` [``b`` ``value``].
-
-    Ids are checked against 1..max_a / 1..max_b and stored 0-based. Returns
-    (entries parsed, last line number, line of a pending blank line or 0).
-    On the first bad line ``err`` is filled (code, line, field, value, start,
-    end of the line in ``buf``) and parsing stops. A blank line is an error
-    only once a data line follows it, so trailing blank lines are accepted.
-    """
-    n = buf.shape[0]
-    pos = 0
-    count = 0
-    line = line0
-    blank = blank0
-    # error state, kept in plain int64 locals so the kernel compiles once
-    code = 0
-    fld = 0
-    value = 0
-    start = 0
-    stop = 0
-    while pos < n:
-        line += 1
-        end = pos
-        while end < n and buf[end] != 10:
-            end += 1
-        stop = end
-        if stop > pos and buf[stop - 1] == 13:
-            stop -= 1
-        start = pos
-        pos = end + 1
-        s1, e1 = _token(buf, start, stop)
-        if s1 == e1:
-            if blank == 0:
-                blank = line
-            continue
-        if blank != 0:
-            code = _E_BLANK
-            line = blank
-            stop = start
-            break
-        s2, e2 = _token(buf, e1, stop)
-        if ncols == 3:
-            s3, e3 = _token(buf, e2, stop)
-            s4, e4 = _token(buf, e3, stop)
-            bad = s3 == e3 or s4 != e4
-        else:
-            s3, e3 = s2, e2
-            bad = s2 != e2
-        if bad:
-            p = start
-            while True:
-                ts, te = _token(buf, p, stop)
-                if ts == te:
-                    break
-                value += 1
-                p = te
-            code = _E_COLUMNS
-            break
-        ok, a = _parse_int(buf, s1, e1)
-        fld = 1
-        if not ok:
-            code = _E_NOT_INT
-            break
-        if a < 1 or a > max_a:
-            code = _E_ID_LOW if a < 1 else _E_ID_HIGH
-            value = a
-            break
-        if ncols == 3:
-            ok, b = _parse_int(buf, s2, e2)
-            fld = 2
-            if not ok:
-                code = _E_NOT_INT
-                break
-            if b < 1 or b > max_b:
-                code = _E_ID_LOW if b < 1 else _E_ID_HIGH
-                value = b
-                break
-            ok, v = _parse_float(buf, s3, e3)
-            fld = 3
-            if not ok:
-                code = _E_NOT_NUM
-                break
-            if not abs(v) <= _F32_MAX:
-                code = _E_RANGE
-                break
-            out_b[count] = b - 1
-            out_v[count] = v
-        out_a[count] = a - 1
-        fld = 0
-        count += 1
-    if code != 0:
-        err[0] = code
-        err[1] = line
-        err[2] = fld
-        err[3] = value
-        err[4] = start
-        err[5] = stop
-    return count, line, blank
-
-
-@njit(cache=True, nogil=True)
-def _scatter(rows, cols, vals, fill, out_c, out_v):
-    """Stable counting-sort step: entry k goes to ``fill[rows[k]]++``.
-
-    ``vals``/``out_v`` may be empty (binary inputs carry no values).
-    """
-    with_vals = out_v.shape[0] > 0
-    for k in range(rows.shape[0]):
-        r = rows[k]
-        d = fill[r]
-        fill[r] = d + 1
-        out_c[d] = cols[k]
-        if with_vals:
-            out_v[d] = vals[k]
-
-
-@njit(cache=True, nogil=True)
-def _sort_rows(indptr, cols, vals):
-    """Sort each CSR row by column in place; True if some row repeats a column.
-
-    Rows already in increasing order (the official layouts) cost one check.
-    """
-    with_vals = vals.shape[0] > 0
-    dup = False
-    for r in range(indptr.shape[0] - 1):
-        lo = indptr[r]
-        hi = indptr[r + 1]
-        ordered = True
-        for k in range(lo + 1, hi):
-            if cols[k] <= cols[k - 1]:
-                ordered = False
-                break
-        if not ordered:
-            order = np.argsort(cols[lo:hi], kind="mergesort")
-            cols[lo:hi] = cols[lo:hi][order]
-            if with_vals:
-                vals[lo:hi] = vals[lo:hi][order]
-            for k in range(lo + 1, hi):
-                if cols[k] == cols[k - 1]:
-                    dup = True
-    return dup
-
-
-def _coo_to_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n_rows: int):
-    """(indptr, indices, values, has_duplicates): CSR with columns sorted per row."""
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
-    out_c = np.empty(len(cols), dtype=cols.dtype)
-    out_v = np.empty(len(vals), dtype=vals.dtype)
-    _scatter(rows, cols, vals, indptr[:-1].copy(), out_c, out_v)
-    dup = _sort_rows(indptr, out_c, out_v)
-    return indptr, out_c, out_v, dup
-
-
-@njit(cache=True, nogil=True)
-def _duplicate_keys(indptr, sorted_cols, n_cols):
-    """Sorted distinct keys ``row * n_cols + col`` of the pairs a sorted CSR repeats."""
-    nkeys = 0
-    keys = np.empty(16, dtype=np.int64)
-    for r in range(indptr.shape[0] - 1):
-        for k in range(indptr[r] + 1, indptr[r + 1]):
-            if sorted_cols[k] == sorted_cols[k - 1]:
-                key = np.int64(r) * n_cols + np.int64(sorted_cols[k])
-                if nkeys == 0 or keys[nkeys - 1] != key:
-                    if nkeys == keys.shape[0]:
-                        grown = np.empty(2 * nkeys, dtype=np.int64)
-                        grown[:nkeys] = keys
-                        keys = grown
-                    keys[nkeys] = key
-                    nkeys += 1
-    return keys[:nkeys]
-
-
-@njit(cache=True, nogil=True)
-def _scan_duplicates(rows, cols, n_cols, keys, first, offset):
-    """Find, in file order, the first entry whose key was already seen.
-
-    ``first[i]`` holds the position where key ``i`` was first seen (-1: not
-    yet); entry k of this block is at position ``offset + k``. Returns
-    (position, first position) or (-1, -1) to continue with the next block.
-    """
-    nkeys = keys.shape[0]
-    for k in range(rows.shape[0]):
-        key = np.int64(rows[k]) * n_cols + np.int64(cols[k])
-        i = np.searchsorted(keys, key)
-        if i < nkeys and keys[i] == key:
-            if first[i] >= 0:
-                return offset + k, first[i]
-            first[i] = offset + k
-    return -1, -1
-
-
-@njit(cache=True, nogil=True)
-def _row_runs(rows, cols, prev_row, prev_col):
-    """Run-length encode sorted rows; stops at the first out-of-order entry.
-
-    Returns (run rows, run lengths, position of the first entry that breaks
-    row-major order with strictly increasing columns or -1, and whether that
-    entry repeats its predecessor exactly).
-    """
-    n = rows.shape[0]
-    run_rows = np.empty(n, dtype=np.int64)
-    run_len = np.empty(n, dtype=np.int64)
-    nrun = 0
-    pr = prev_row
-    pc = prev_col
-    for k in range(n):
-        r = np.int64(rows[k])
-        c = np.int64(cols[k])
-        if r < pr or (r == pr and c <= pc):
-            return run_rows[:nrun], run_len[:nrun], k, r == pr and c == pc
-        if nrun > 0 and run_rows[nrun - 1] == r:
-            run_len[nrun - 1] += 1
-        else:
-            run_rows[nrun] = r
-            run_len[nrun] = 1
-            nrun += 1
-        pr = r
-        pc = c
-    return run_rows[:nrun], run_len[:nrun], -1, False
-
-
-@njit(cache=True, nogil=True)
-def _format_block(indptr, indices, row_lo, row_hi, row_base, swap, val_idx, table, offsets, out):
-    """Write ``a<TAB>b<TAB>value`` lines of CSR rows [row_lo, row_hi) into ``out``.
-
-    The row id is ``row_base + r + 1`` and the column id ``indices[k] + 1``;
-    ``swap`` writes the column first (layers: the CSR row is the output j).
-    The value and its line break are ``table[offsets[t]:offsets[t + 1]]``
-    with ``t = val_idx[k]`` (or 0 when ``val_idx`` is empty). Returns the
-    number of bytes written.
-    """
-    digits = np.empty(20, dtype=np.uint8)
-    p = 0
-    uniform = val_idx.shape[0] == 0
-    for r in range(row_lo, row_hi):
-        for k in range(indptr[r], indptr[r + 1]):
-            for f in range(2):
-                if (f == 0) != swap:
-                    x = np.int64(row_base) + r + 1
-                else:
-                    x = np.int64(indices[k]) + 1
-                nd = 0
-                while True:
-                    digits[nd] = 48 + x % 10
-                    nd += 1
-                    x //= 10
-                    if x == 0:
-                        break
-                for q in range(nd - 1, -1, -1):
-                    out[p] = digits[q]
-                    p += 1
-                out[p] = 9
-                p += 1
-            t = 0 if uniform else val_idx[k]
-            for q in range(offsets[t], offsets[t + 1]):
-                out[p] = table[q]
-                p += 1
-    return p
-
 
 # ---------------------------------------------------------------------------
 # reading
@@ -490,20 +126,20 @@ def _describe_error(path, err, names, max_a, max_b, buf) -> InputFormatError:
     if len(text) > 80:
         text = text[:77] + "..."
     name = names[fld - 1] if fld else ""
-    if code == _E_COLUMNS:
+    if code == E_COLUMNS:
         msg = f"expected {len(names)} tab-separated fields ({', '.join(names)}), found {value}"
-    elif code == _E_NOT_INT:
+    elif code == E_NOT_INT:
         msg = f"{name} is not an integer"
-    elif code == _E_NOT_NUM:
+    elif code == E_NOT_NUM:
         msg = f"{name} is not a number"
-    elif code == _E_ID_LOW:
+    elif code == E_ID_LOW:
         msg = f"{name} {value} is not a 1-based id (ids start at 1; is the file 0-based?)"
-    elif code == _E_ID_HIGH:
+    elif code == E_ID_HIGH:
         bound = max_a if fld == 1 else max_b
         msg = f"{name} {value} is beyond the {bound} allowed (file of a bigger network?)"
-    elif code == _E_BLANK:
+    elif code == E_BLANK:
         return InputFormatError(path, line, "blank line in the middle of the file")
-    elif code == _E_RANGE:
+    elif code == E_RANGE:
         msg = f"{name} is outside the float32 range"
     else:  # pragma: no cover - kernel and this table are kept in step
         msg = f"parse error {code}"
@@ -534,7 +170,7 @@ def _parse_file(
             out_a = np.empty(cap, dtype=np.int32)
             out_b = np.empty(cap if ncols == 3 else 0, dtype=np.int32)
             out_v = np.empty(cap if ncols == 3 else 0, dtype=np.float32)
-            count, lines_done[0], blank = _parse_block(
+            count, lines_done[0], blank = parse_block(
                 buf, ncols, max_a, max_b, out_a, out_b, out_v, lines_done[0], blank, err
             )
             if err[0]:
@@ -570,8 +206,8 @@ def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
 
 def _duplicate_error(path, rows, cols, indptr, sorted_cols, n_cols, what) -> InputFormatError:
     """Locate the earliest repeated (row, col) pair; ``what(row, col)`` describes it."""
-    keys = _duplicate_keys(indptr, sorted_cols, n_cols)
-    pos, first = _scan_duplicates(rows, cols, n_cols, keys, np.full(len(keys), -1), 0)
+    keys = duplicate_keys(indptr, sorted_cols, n_cols)
+    pos, first = scan_duplicates(rows, cols, n_cols, keys, np.full(len(keys), -1), 0)
     pair = what(int(rows[pos]) + 1, int(cols[pos]) + 1)
     return InputFormatError(
         path, int(pos) + 1, f"duplicate entry {pair}, already given on line {int(first) + 1}"
@@ -608,7 +244,7 @@ def read_layer(
     j = _concat(parts_j, np.int32)
     v = _concat(parts_v, np.float32)
     del parts_i, parts_j, parts_v
-    indptr, indices, values, dup = _coo_to_csr(j, i, v, n_out)
+    indptr, indices, values, dup = coo_to_csr(j, i, v, n_out)
     if dup:
         raise _duplicate_error(
             path, j, i, indptr, indices, n_in, lambda j1, i1: f"(i, j) = ({i1}, {j1})"
@@ -655,7 +291,7 @@ def read_images(
         all_ones = bool(np.all(v == 1.0))
         binary = binary and all_ones
         if counts is None:
-            rr, rl, brk, dup = _row_runs(a, b, prev_row, prev_col)
+            rr, rl, brk, dup = row_runs(a, b, prev_row, prev_col)
             if dup:
                 line = done + int(brk) + 1
                 raise InputFormatError(
@@ -717,16 +353,16 @@ def read_images(
         seen += len(a)
         if seen > done:
             break
-        _scatter(a, b, v, fill, cols, vals)
+        scatter(a, b, v, fill, cols, vals)
     if seen != done or not np.array_equal(fill, indptr[1:]):
         raise InputFormatError(path, None, "the file changed while it was being read")
-    if _sort_rows(indptr, cols, vals):
+    if sort_rows(indptr, cols, vals):
         # pass 3 (error path only): the earliest line repeating an (image, pixel) pair
-        keys = _duplicate_keys(indptr, cols, n_cols)
+        keys = duplicate_keys(indptr, cols, n_cols)
         first = np.full(len(keys), -1, dtype=np.int64)
         offset = 0
         for a, b, _ in blocks():
-            pos, first_pos = _scan_duplicates(a, b, n_cols, keys, first, offset)
+            pos, first_pos = scan_duplicates(a, b, n_cols, keys, first, offset)
             if pos >= 0:
                 k = pos - offset
                 raise InputFormatError(
@@ -966,7 +602,7 @@ def _write_csr_lines(
                 r2 = min(max(r2, r + 1), n_rows)
                 n_entries = int(indptr[r2] - indptr[r])
                 out = np.empty(n_entries * width, dtype=np.uint8)
-                used = _format_block(
+                used = format_block(
                     indptr, indices, r, r2, row_base, swap, val_idx, table, offsets, out
                 )
                 f.write(memoryview(out[:used]))
