@@ -93,8 +93,15 @@ def distributed_infer(comm, opts: RunOptions) -> dict | None:
 
     Any rank's failure in a phase stops every rank with that rank's message.
     """
-    rank, size = comm.Get_rank(), comm.Get_size()
     node, local = mpi.node_info(comm)
+    try:
+        return _distributed_infer(comm, local, node, opts)
+    finally:
+        local.Free()
+
+
+def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
+    rank, size = comm.Get_rank(), comm.Get_size()
     backend_name, why = resolve_backend_name(opts.backend)
     state: dict = {}
 
