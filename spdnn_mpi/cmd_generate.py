@@ -53,6 +53,22 @@ def resolve_truth_backend(backend: str | TruthFn | None) -> tuple[str, TruthFn |
     return backend, getattr(importlib.import_module(module_name), func_name)
 
 
+def truth_by_count(truth_fn: TruthFn, layers: list, rows, counts: Sequence[int]) -> Iterator:
+    """Yield (count, categories after the first ``count`` layers) for each count.
+
+    The plain reference does every count in one pass (shorter networks are
+    prefixes of the deepest); other backends run once per count.
+    """
+    from spdnn_mpi.model import Network
+    from spdnn_mpi.reference import reference_categories, reference_categories_at
+
+    if truth_fn is reference_categories and counts:
+        yield from sorted(reference_categories_at(Network(layers), rows, list(counts)).items())
+        return
+    for n in counts:
+        yield n, truth_fn(Network(layers[:n]), rows)
+
+
 def _stderr_progress(line: str) -> None:
     print(f"spdnn generate: {line}", file=sys.stderr, flush=True)
 
@@ -117,7 +133,6 @@ def generate_store(
     """
     from spdnn_mpi import __version__
     from spdnn_mpi.digits import DEFAULT_THRESHOLD, digit_images, images_provenance, load_digits
-    from spdnn_mpi.model import Network
     from spdnn_mpi.radixnet import iter_radixnet, radixnet_provenance
 
     if progress is None and not quiet:
@@ -157,18 +172,11 @@ def generate_store(
     kept: list = []
     stream = _reporting(layer_stream, layers, progress, kept, max(wanted, default=0))
 
-    from spdnn_mpi.reference import reference_categories, reference_categories_at
-
     def compute_truth() -> list:
         """(layer count, categories) for each wanted count, from the layers kept."""
-        out = []
         t1 = time.perf_counter()
-        if truth_fn is reference_categories and wanted:
-            # one pass for every count: shorter networks are prefixes of the deepest
-            by_count = reference_categories_at(Network(kept), rows, wanted)
-        for n in wanted:
-            ids = by_count[n] if truth_fn is reference_categories else truth_fn(
-                Network(kept[:n]), rows)
+        out = []
+        for n, ids in truth_by_count(truth_fn, kept, rows, wanted):
             out.append((n, ids))
             if progress is not None:
                 progress(

@@ -281,13 +281,11 @@ def prepare_store(
 
 def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:
     """Compute and store the categories after each of ``truth_layers`` layers."""
-    from spdnn_mpi.cmd_generate import resolve_truth_backend
-    from spdnn_mpi.model import Network
+    from spdnn_mpi.cmd_generate import resolve_truth_backend, truth_by_count
 
     name, fn = resolve_truth_backend(backend)
-    for n_l in truth_layers:
-        t0 = time.perf_counter()
-        ids = fn(Network(layers[:n_l]), rows)
+    t0 = time.perf_counter()
+    for n_l, ids in truth_by_count(fn, layers, rows, truth_layers):
         writer.add_truth(n_l, ids, name)
         _log(progress, f"truth after {n_l} layers ({name}): {len(ids)} of {rows.n_rows} "
                        f"images survive, {time.perf_counter() - t0:.1f} s")

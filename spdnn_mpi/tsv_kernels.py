@@ -32,14 +32,19 @@ def _token(buf, p, stop):
 
 
 @njit(cache=True, nogil=True)
+def _sign(buf, s):
+    """(negative, position after an optional leading '-' or '+')."""
+    if buf[s] == 45:
+        return True, s + 1
+    if buf[s] == 43:
+        return False, s + 1
+    return False, s
+
+
+@njit(cache=True, nogil=True)
 def _parse_int(buf, s, e):
     """(ok, value) of an optionally signed decimal integer; saturates, never overflows."""
-    neg = False
-    if buf[s] == 45:
-        neg = True
-        s += 1
-    elif buf[s] == 43:
-        s += 1
+    neg, s = _sign(buf, s)
     if s == e:
         return False, 0
     v = 0
@@ -55,12 +60,7 @@ def _parse_int(buf, s, e):
 @njit(cache=True, nogil=True)
 def _parse_float(buf, s, e):
     """(ok, value) of a decimal number such as ``6.250000e-02``, ``1``, ``-.5E+3``."""
-    neg = False
-    if buf[s] == 45:
-        neg = True
-        s += 1
-    elif buf[s] == 43:
-        s += 1
+    neg, s = _sign(buf, s)
     mant = 0
     ndig = 0
     exp10 = 0
