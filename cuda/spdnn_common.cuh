@@ -14,20 +14,17 @@
 #ifndef SPDNN_GLOBAL_THREADS
 #define SPDNN_GLOBAL_THREADS 256
 #endif
-#ifndef SPDNN_GLOBAL_WARP_OUTPUTS
-#define SPDNN_GLOBAL_WARP_OUTPUTS 8  // outputs one warp computes per work item (global kernel)
+#ifndef SPDNN_CSR_WARP_OUTPUTS
+#define SPDNN_CSR_WARP_OUTPUTS 8  // outputs per warp in one work item of layer_csr (L1/L2 form)
 #endif
-#ifndef SPDNN_SMEM_ITEMS_PER_BLOCK
-#define SPDNN_SMEM_ITEMS_PER_BLOCK 1  // split outputs until each block has this many items (1: measured best, docs/performance.md)
+#ifndef SPDNN_CSR_ITEMS_PER_BLOCK
+#define SPDNN_CSR_ITEMS_PER_BLOCK 1  // layer_csr (staged form) splits outputs until each block has this many items
 #endif
 #ifndef SPDNN_COMPACT_DIV
 #define SPDNN_COMPACT_DIV 10  // compact when it frees at least 1/DIV of the tiles
 #endif
 #ifndef SPDNN_CP_ASYNC
 #define SPDNN_CP_ASYNC 1  // stage tiles with cp.async (all copies in flight) rather than ld/st
-#endif
-#ifndef SPDNN_SMEM_PAIRS
-#define SPDNN_SMEM_PAIRS 1  // shared-memory kernels compute two outputs per warp step
 #endif
 #ifndef SPDNN_COMPACT_WARP_NEURONS
 #define SPDNN_COMPACT_WARP_NEURONS 64
@@ -56,9 +53,7 @@
 #define P_TILE_BASE 5
 #define P_TSTRIDE 6
 #define P_MAX_TILES 7
-#define P_COUNTERS 8  // two parities of P_NQ work counters (layer_ell_l1)
-#define P_NQ 9        // work queues of layer_ell_l1 (one per SM)
-#define P_SIZE 10
+#define P_SIZE 8
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -90,12 +85,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-__device__ __forceinline__ unsigned sm_id() {
-  unsigned id;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-  return id;
-}
-
 __device__ __forceinline__ u64 global_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -122,13 +111,11 @@ __device__ __forceinline__ bool last_block_done(int* state) {
 // clear the other parity's masks for the next layer, record the count and
 // decide whether compact_rows should move the survivors.
 __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
-                           int* live_hist, u64* stamps, int k, int drop_dead,
-                           u32* next_counters, int nq) {
+                           int* live_hist, u64* stamps, int k, int drop_dead) {
   __shared__ int s_warp[32];
   const int n_tiles = ld_state(state, ST_TILES);
   const int n_rows = ld_state(state, ST_ROWS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int q = threadIdx.x; q < nq; q += blockDim.x) next_counters[q] = 0u;
   int carry = 0;
   for (int base = 0; base < n_tiles; base += blockDim.x) {
     const int t = base + threadIdx.x;

@@ -16,10 +16,8 @@ trap 'rm -rf "$work"' EXIT
   for f in "$root"/cuda/*.cu; do echo "#include \"$(basename "$f")\""; done
   echo '#define P const i64*, int, int, float, float, const float*, float, int*, int*, u64*, int, int'
   for d in 8 16 32 64; do
-    echo "template __global__ void layer_ell_smem<32,$d>(P, const u16*, int);"
-    echo "template __global__ void layer_ell_smem<8,$d>(P, const u16*, int);"
-    echo "template __global__ void layer_ell_global<$d>(P, const u16*);"
-    echo "template __global__ void layer_ell_l1<$d>(P, const u16*);"
+    echo "template __global__ void layer_ell_smem<$d>(P, const u16*, const int*);"
+    echo "template __global__ void layer_ell_global<$d>(P, const u16*, const int*);"
   done
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"

