@@ -86,17 +86,35 @@ if [[ $steps == *sweep* ]]; then
   fi
 fi
 
+if [[ $steps == *locality* ]]; then
+  # What the locality order of outputs is worth: the same configurations with
+  # the natural order (identity) in place of cuda_layout.locality_order.
+  configs="${SWEEP_CONFIGS:---config 4096x120 --config 16384x120}"
+  # shellcheck disable=SC2086
+  python3 - $configs --repeat 3 --json "$out/locality_off.json" > "$out/locality_off.log" 2>&1 <<'PY'
+import sys
+import numpy as np
+from spdnn_mpi import peers_gpu
+from spdnn_mpi.backends import cuda_layout
+cuda_layout.locality_order = lambda rows: np.arange(rows.shape[0])
+sys.exit(peers_gpu.main(sys.argv[1:]))
+PY
+  note "locality order off rc=$?"
+fi
+
 if [[ $steps == *challenge* ]]; then
-  timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --challenge --backend cuda \
-    --peer cusparse --peer torch --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
-    --json "$out/bench_challenge.json" 2>&1 | tee "$out/bench_challenge.log"
+  # CHALLENGE_ARGS: which configurations and peers (default: all 12, both peers)
+  # shellcheck disable=SC2086
+  timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
+    ${CHALLENGE_ARGS:---challenge --peer cusparse --peer torch} --repeat 3 --truth-max 1024x480 \
+    --data-dir /tmp/bench --json "$out/bench_challenge.json" 2>&1 | tee "$out/bench_challenge.log"
   note "challenge bench rc=${PIPESTATUS[0]}"
 fi
 
 echo
 printf '%s\n' "${summary[@]}"
 [[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
-for f in sweep_old sweep; do
+for f in sweep_old sweep locality_off; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f"; grep -E '^  |^#' "$out/$f.log"; }
 done
 [[ -f "$out/bench_challenge.log" ]] && grep -A 14 -E '^ +N +L' "$out/bench_challenge.log"

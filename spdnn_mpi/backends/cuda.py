@@ -186,8 +186,7 @@ class CudaBackend:
                 grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
                 keep: list = []  # device arrays the launch arguments point to
                 if plan.is_ell:
-                    idx_host, out_ids_host = lay.ell_layout(layer)
-                    extra: tuple = (cp.asarray(idx_host), cp.asarray(out_ids_host))
+                    extra: tuple = lay.ell_layout(layer, cp)
                     keep += list(extra)
                 else:
                     ptr = cp.asarray(np.asarray(layer.indptr, dtype=np.int32))

@@ -145,22 +145,23 @@ def locality_order(rows: np.ndarray) -> np.ndarray:
     lowest inputs. Stable, so ties keep the natural order.
     """
     n_out = rows.shape[0]
-    if n_out == 0:
-        return np.zeros(0, dtype=np.int64)
-    key = np.zeros(n_out, dtype=np.int64)
+    key = np.zeros(n_out, dtype=np.uint64)
     for c in range(min(3, rows.shape[1])):
-        key = (key << 16) | rows[:, c].astype(np.int64)
+        key <<= np.uint64(16)
+        key |= rows[:, c].astype(np.uint64)
     return np.argsort(key, kind="stable")
 
 
-def ell_layout(layer: Layer) -> tuple[np.ndarray, np.ndarray]:
+def ell_layout(layer: Layer, xp=np) -> tuple:
     """(indices, out_ids) the ELL kernels read: slot s computes output out_ids[s]
     from the ``degree`` 16-bit indices at ``indices[s * degree:]`` (CSR order
-    within the output, slots in ``locality_order``)."""
+    within the output, slots in ``locality_order``). ``xp`` is the array
+    module of the result: with CuPy the rows are permuted on the device."""
     d = layer.row_degree
-    idx = np.ascontiguousarray(layer.indices, dtype=np.uint16).reshape(layer.n_out, d)
-    order = locality_order(idx)
-    return np.ascontiguousarray(idx[order]).reshape(-1), order.astype(np.int32)
+    rows = np.ascontiguousarray(layer.indices, dtype=np.uint16).reshape(layer.n_out, d)
+    order = locality_order(rows).astype(np.int32)
+    out_ids = xp.asarray(order)
+    return xp.ascontiguousarray(xp.asarray(rows)[out_ids]).reshape(-1), out_ids
 
 
 def layer_traffic(n: int, degree: int, live_in: int, *, index_bytes: int = 2) -> dict:
