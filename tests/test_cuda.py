@@ -97,6 +97,8 @@ def test_unknown_variant_is_refused():
     layer = _fixed_degree_layer(np.random.default_rng(4), 100, 20, 8)
     with pytest.raises(SpdnnError, match="unknown CUDA kernel variant 'smem8'"):
         lay.plan_layer(layer, 200 * 1024, "smem8")
+    with pytest.raises(SpdnnError, match="one of auto, smem32, global, csr"):
+        _backend(variant="l1")  # refused before CuPy is needed, so also without a GPU
 
 
 def test_plan_falls_back_to_csr_for_general_layers():

@@ -98,9 +98,7 @@ class CudaBackend:
         graphs: bool = True,
         **_options,
     ) -> None:
-        if variant not in lay.VARIANTS:
-            raise SpdnnError(f"unknown CUDA kernel variant {variant!r} "
-                             f"(one of {', '.join(lay.VARIANTS)})")
+        lay.check_variant(variant)  # before CuPy, so a typo fails fast anywhere
         cp = import_cupy()
         self._cp = cp
         try:

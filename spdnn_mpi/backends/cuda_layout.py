@@ -100,6 +100,12 @@ ELL_KINDS = ("smem32", "global")
 VARIANTS = ("auto", "smem32", "global", "csr")
 
 
+def check_variant(variant: str) -> None:
+    """Refuse a kernel variant this version does not have, naming the ones it has."""
+    if variant not in VARIANTS:
+        raise SpdnnError(f"unknown CUDA kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
+
+
 def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPlan:
     """Pick the kernel for ``layer`` given the per-block shared memory limit.
 
@@ -109,8 +115,7 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
     ``variant`` forces one of them (``smem32`` only where the tile fits) or
     the CSR kernel. Everything else takes the CSR kernel.
     """
-    if variant not in VARIANTS:
-        raise SpdnnError(f"unknown CUDA kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
+    check_variant(variant)
     d = layer.row_degree
     ell_ok = (
         layer.values is None
