@@ -120,12 +120,13 @@ __device__ __forceinline__ void add_rows4(float4& acc, const float4 x) {
   acc.w += x.w;
 }
 
-// Sums of the D inputs of one output for this lane's 4 rows: ip points at the
-// output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows (neuron i
-// at xq + 32 i). Adds run in CSR order, one accumulator per row.
 #ifndef SPDNN_ELL_BATCH
 #define SPDNN_ELL_BATCH 8  // gathers issued per lane before their adds (H200 sweep: 8 beats 16 and 32)
 #endif
+
+// Sums of the D inputs of one output for this lane's 4 rows: ip points at the
+// output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows (neuron i
+// at xq + 32 i). Adds run in CSR order, one accumulator per row.
 
 template <int D, bool SMEM>
 __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, const float* xq) {

@@ -11,7 +11,7 @@ covers the layers and fetching the survivors' ids to the host.
 - ``torch_sparse_infer``: torch.sparse CSR, the same product.
 
 ``python -m spdnn_mpi.peers_gpu`` times the CUDA backend and the peers over a
-few configurations and prints a table (``tools/gpu_suite.sh`` runs it).
+few configurations and prints a table (the ``sweep`` step of ``tools/device_run.sh`` runs it).
 """
 
 from __future__ import annotations

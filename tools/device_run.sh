@@ -5,7 +5,7 @@
 # is printed last; logs and JSON go to $OUT (or /tmp/spdnn_device).
 #
 #   bash tools/device_run.sh                    # everything
-#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
+#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep locality
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
 # harness in spdnn_mpi.peers_gpu; with OLD_TREE set (a `git archive` of an

@@ -166,7 +166,7 @@ def ell_layout(layer: Layer, xp=np) -> tuple:
     rows = np.ascontiguousarray(layer.indices, dtype=np.uint16).reshape(layer.n_out, d)
     order = locality_order(rows).astype(np.int32)
     out_ids = xp.asarray(order)
-    return xp.ascontiguousarray(xp.asarray(rows)[out_ids]).reshape(-1), out_ids
+    return xp.asarray(rows)[out_ids].reshape(-1), out_ids
 
 
 def layer_traffic(n: int, degree: int, live_in: int, *, index_bytes: int = 2) -> dict:
