@@ -14,14 +14,14 @@ import sys
 from spdnn_mpi import __version__
 from spdnn_mpi.errors import SpdnnError
 
-#: subcommand -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("spdnn_mpi.cmd_generate", "generate a challenge-shaped network and inputs"),
-    "prepare": ("spdnn_mpi.cmd_prepare", "convert official Graph Challenge TSV files into a store"),
-    "info": ("spdnn_mpi.cmd_info", "describe a store"),
-    "infer": ("spdnn_mpi.cmd_infer", "run inference on a store (also under mpiexec/srun)"),
-    "bench": ("spdnn_mpi.cmd_bench", "benchmark backends and peers; prints a table, writes JSON"),
-    "demo": ("spdnn_mpi.cmd_demo", "generate (once) the built-in 1024x120 case, infer and check"),
+#: subcommand -> one-line help; its module is spdnn_mpi.commands.<subcommand>
+SUBCOMMANDS: dict[str, str] = {
+    "generate": "generate a challenge-shaped network and inputs",
+    "prepare": "convert official Graph Challenge TSV files into a store",
+    "info": "describe a store",
+    "infer": "run inference on a store (also under mpiexec/srun)",
+    "bench": "benchmark backends and peers; prints a table, writes JSON",
+    "demo": "generate (once) the built-in 1024x120 case, infer and check",
 }
 
 
@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"spdnn_mpi {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
+    for name, help_text in SUBCOMMANDS.items():
+        module = importlib.import_module(f"spdnn_mpi.commands.{name}")
         p = sub.add_parser(
             name,
             help=help_text,

@@ -17,9 +17,9 @@ from spdnn_mpi import comm as mpi
 from spdnn_mpi.backends import make_backend, resolve_backend_name
 from spdnn_mpi.engine import InferenceResult, run_inference
 from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.formats.store import Store
 from spdnn_mpi.model import Layer, Network
 from spdnn_mpi.report import edges_per_second, machine_info
-from spdnn_mpi.store import Store
 
 
 @dataclass

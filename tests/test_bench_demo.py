@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from spdnn_mpi.cli import main
-from spdnn_mpi.peers import graphblas_infer
-from spdnn_mpi.store import Store
+from spdnn_mpi.formats.store import Store
+from spdnn_mpi.peers.graphblas import graphblas_infer
 
 
 @pytest.fixture(scope="module")

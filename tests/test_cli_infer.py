@@ -13,8 +13,8 @@ import pytest
 from conftest import random_inputs, random_network
 
 from spdnn_mpi.cli import main
+from spdnn_mpi.formats.store import StoreWriter
 from spdnn_mpi.reference import reference_categories
-from spdnn_mpi.store import StoreWriter
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import random_inputs, random_network
 
+from spdnn_mpi.formats.store import StoreWriter
 from spdnn_mpi.reference import reference_categories
-from spdnn_mpi.store import StoreWriter
 
 
 def write_store(path, seed=21, n_images=301):

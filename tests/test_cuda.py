@@ -204,7 +204,7 @@ def _read_real_layers(n_layers: int) -> list[Layer]:
     folder = _challenge_dir() / "neuron1024"
     if not folder.is_dir():
         pytest.skip(f"official 1024 network not found in {folder} (set SPDNN_CHALLENGE_DIR)")
-    from spdnn_mpi.tsv import iter_layers
+    from spdnn_mpi.formats.tsv_tree import iter_layers
 
     return list(iter_layers(folder, 1024, n_layers, bias=-0.30, clip=32.0))
 
@@ -228,7 +228,7 @@ def test_real_1024_network_categories(variant):
 @needs_gpu
 @pytest.mark.parametrize("variant", ["auto", "csr"])
 def test_radixnet_4096_categories_and_batching(variant):
-    from spdnn_mpi.radixnet import radixnet_network
+    from spdnn_mpi.generators.radixnet import radixnet_network
 
     rng = np.random.default_rng(6)
     net = radixnet_network(4096, 16)
@@ -298,8 +298,8 @@ def test_describe_reports_memory_and_timing():
 @needs_gpu
 @pytest.mark.parametrize("peer", ["cusparse", "torch"])
 def test_gpu_peers_agree_with_reference(peer):
-    from spdnn_mpi import peers_gpu
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.peers import gpu as peers_gpu
 
     rng = np.random.default_rng(9)
     net = _random_network(rng, [80, 80, 80, 80], bias="vector")

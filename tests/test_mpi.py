@@ -12,8 +12,8 @@ from conftest import random_inputs, random_network
 
 from spdnn_mpi.driver import RunOptions, distributed_infer
 from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.formats.store import StoreWriter
 from spdnn_mpi.reference import reference_categories
-from spdnn_mpi.store import StoreWriter
 
 pytestmark = pytest.mark.mpi
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import random_inputs, random_network
 
-from spdnn_mpi import tsv
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import StoreError
+from spdnn_mpi.formats import tsv_write
+from spdnn_mpi.formats.store import Store, StoreWriter
 from spdnn_mpi.model import Layer
-from spdnn_mpi.store import Store, StoreWriter
 
 N = 16
 
@@ -29,7 +29,7 @@ def tree(tmp_path) -> dict:
         assert layer.indices.max() == N - 1 and np.diff(layer.indptr)[-1] > 0
     rows = random_inputs(rng, 30, N)
     root = tmp_path / "tree"
-    tsv.write_tree(root, net, rows, {2: np.array([1, 7, 30]), 4: np.array([7])})
+    tsv_write.write_tree(root, net, rows, {2: np.array([1, 7, 30]), 4: np.array([7])})
     return {"root": root, "net": net, "rows": rows, "weights": root / f"neuron{N}"}
 
 
@@ -169,7 +169,7 @@ def _truncated_gzip(tree):
 
 def _other_network(tree):
     small = random_network(np.random.default_rng(1), [8, 8], density=1.0).layers[0]
-    tsv.write_layer(tree["weights"] / f"n{N}-l4.tsv", small)
+    tsv_write.write_layer(tree["weights"] / f"n{N}-l4.tsv", small)
     return [], "it belongs to a different network"
 
 

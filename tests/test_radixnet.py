@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spdnn_mpi.model import CHALLENGE_CLIP, CHALLENGE_WEIGHT, Layer, challenge_bias, index_dtype
-from spdnn_mpi.radixnet import (
+from spdnn_mpi.generators.radixnet import (
     base_layer_count,
     iter_radixnet,
     layer_relabelling,
     radixnet_layer,
     radixnet_network,
 )
+from spdnn_mpi.model import CHALLENGE_CLIP, CHALLENGE_WEIGHT, Layer, challenge_bias, index_dtype
 
 
 def described_base_layer(neurons: int, k: int) -> Layer:
@@ -154,7 +154,7 @@ def test_network_and_provenance():
 
 # -- the real network ----------------------------------------------------------
 def _real_layer(real_dir, k: int) -> Layer:
-    from spdnn_mpi.tsv import read_layer
+    from spdnn_mpi.formats.tsv import read_layer
 
     return read_layer(real_dir / f"n1024-l{k}.tsv.gz", 1024, 1024)
 

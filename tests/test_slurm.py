@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spdnn_mpi.store import Store
+from spdnn_mpi.formats.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "jobs"
@@ -114,9 +114,9 @@ def _write_random_store(
     path: Path, n_images: int = 600, width: int = 64, n_layers: int = 6, seed: int = 3
 ) -> None:
     """A small store with truth, written directly (no `spdnn generate` needed)."""
+    from spdnn_mpi.formats.store import StoreWriter
     from spdnn_mpi.model import Layer, Network, SparseRows
     from spdnn_mpi.reference import reference_categories
-    from spdnn_mpi.store import StoreWriter
 
     rng = np.random.default_rng(seed)
     layers = []
@@ -145,7 +145,7 @@ def small_store(tmp_path_factory) -> Path:
 def generated_store(tmp_path_factory) -> Path:
     """`spdnn generate --neurons 1024 --layers 12 --images 2000 --seed 1` (or a random store)."""
     path = tmp_path_factory.mktemp("gen") / "store.h5"
-    if importlib.util.find_spec("spdnn_mpi.cmd_generate") is None:
+    if importlib.util.find_spec("spdnn_mpi.commands.generate") is None:
         _write_random_store(path)
         return path
     cmd = [

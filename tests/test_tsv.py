@@ -11,8 +11,8 @@ from conftest import challenge_dir, random_inputs, random_network
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spdnn_mpi import tsv
 from spdnn_mpi.errors import InputFormatError, SpdnnError
+from spdnn_mpi.formats import tsv, tsv_tree, tsv_write
 from spdnn_mpi.model import Layer, Network, SparseRows
 
 
@@ -41,7 +41,7 @@ def test_layer_round_trip(tmp_path, widths, gz):
         net = random_network(rng, widths, density=0.4, uniform=uniform)
         for k, layer in enumerate(net.layers):
             path = tmp_path / f"l{k}-{uniform}.tsv{'.gz' if gz else ''}"
-            tsv.write_layer(path, layer)
+            tsv_write.write_layer(path, layer)
             back = tsv.read_layer(path, layer.n_in, layer.n_out, bias=layer.bias, clip=layer.clip)
             assert_same_layer(layer, back)
             assert back.bias == layer.bias and back.clip == layer.clip
@@ -67,14 +67,14 @@ def test_layer_round_trip_property(tmp_path_factory, n_in, n_out, density, seed,
         return
     layer = Layer.from_coo(i, j, vals, n_in, n_out)
     path = tmp_path_factory.mktemp("p") / "layer.tsv"
-    tsv.write_layer(path, layer)
+    tsv_write.write_layer(path, layer)
     assert_same_layer(layer, tsv.read_layer(path, n_in, n_out, block_bytes=block))
 
 
 def test_layer_written_like_official(tmp_path):
     layer = Layer.from_coo([0, 1, 0], [0, 0, 2], [1 / 16] * 3, 2, 3)
     path = tmp_path / "n.tsv"
-    tsv.write_layer(path, layer)
+    tsv_write.write_layer(path, layer)
     # ordered by output j, then input i; 1-based; %.6e like the official files
     assert path.read_text() == "1\t1\t6.250000e-02\n2\t1\t6.250000e-02\n1\t3\t6.250000e-02\n"
 
@@ -124,7 +124,7 @@ def test_images_round_trip(tmp_path, binary, order):
     rng = np.random.default_rng(3)
     rows = random_inputs(rng, 40, 25, density=0.15, binary=binary)
     path = tmp_path / "sparse-images-25.tsv.gz"
-    tsv.write_images(path, rows)
+    tsv_write.write_images(path, rows)
     if order != "row-major":
         lines = gzip.decompress(path.read_bytes()).decode().splitlines()
         if order == "shuffled":
@@ -147,7 +147,7 @@ def test_images_round_trip(tmp_path, binary, order):
 def test_images_file_format(tmp_path):
     rows = SparseRows.from_dense(np.array([[0, 1, 1], [0, 0, 0], [1, 0, 0]], np.float32))
     path = tmp_path / "img.tsv"
-    tsv.write_images(path, rows)
+    tsv_write.write_images(path, rows)
     assert path.read_text() == "1\t2\t1\n1\t3\t1\n3\t1\t1\n"
     back = tsv.read_images(path, 3, 3)
     assert back.values is None and back.indices.dtype == np.uint16
@@ -155,11 +155,11 @@ def test_images_file_format(tmp_path):
 
 def test_categories_round_trip(tmp_path):
     path = tmp_path / "neuron8-l3-categories.tsv"
-    tsv.write_categories(path, np.array([9, 2, 5]))
+    tsv_write.write_categories(path, np.array([9, 2, 5]))
     assert path.read_text() == "2\n5\n9\n"
     np.testing.assert_array_equal(tsv.read_categories(path), [2, 5, 9])
     empty = tmp_path / "empty.tsv"
-    tsv.write_categories(empty, np.array([], dtype=np.int64))
+    tsv_write.write_categories(empty, np.array([], dtype=np.int64))
     assert len(tsv.read_categories(empty)) == 0
 
 
@@ -167,18 +167,18 @@ def test_write_tree_and_scan(tmp_path):
     rng = np.random.default_rng(5)
     net = random_network(rng, [16, 16, 16, 16], density=0.3)
     rows = random_inputs(rng, 30, 16)
-    written = tsv.write_tree(tmp_path, net, rows, {2: np.array([1, 4]), 3: np.array([4])})
+    written = tsv_write.write_tree(tmp_path, net, rows, {2: np.array([1, 4]), 3: np.array([4])})
     assert written["weights"] == tmp_path / "neuron16"
     assert sorted(p.name for p in (tmp_path / "neuron16").iterdir()) == [
         "n16-l1.tsv",
         "n16-l2.tsv",
         "n16-l3.tsv",
     ]
-    (found,) = tsv.scan_tree(tmp_path)
+    (found,) = tsv_tree.scan_tree(tmp_path)
     assert (found.neurons, found.n_layers) == (16, 3)
     assert found.images == tmp_path / "sparse-images-16.tsv"
     assert sorted(found.categories) == [2, 3]
-    for k, layer in enumerate(tsv.iter_layers(found.weights_dir, 16, 3, check_full=False)):
+    for k, layer in enumerate(tsv_tree.iter_layers(found.weights_dir, 16, 3, check_full=False)):
         assert_same_layer(net.layers[k], layer)
     assert_same_rows(rows, tsv.read_images(found.images, 16, 30))
     np.testing.assert_array_equal(tsv.read_categories(found.categories[2]), [1, 4])
@@ -186,8 +186,8 @@ def test_write_tree_and_scan(tmp_path):
 
 def test_write_tree_compressed_from_generator(tmp_path):
     net = random_network(np.random.default_rng(6), [8, 8, 8], uniform=True)
-    tsv.write_tree(tmp_path, iter(net.layers), compress=True)
-    path = tsv.layer_path(tmp_path / "neuron8", 8, 2)
+    tsv_write.write_tree(tmp_path, iter(net.layers), compress=True)
+    path = tsv_tree.layer_path(tmp_path / "neuron8", 8, 2)
     assert path.name == "n8-l2.tsv.gz"
     assert_same_layer(net.layers[1], tsv.read_layer(path, 8, 8))
 
@@ -200,12 +200,13 @@ def test_write_tree_is_atomic(tmp_path):
         raise RuntimeError("interrupted")
 
     with pytest.raises(RuntimeError):
-        tsv.write_tree(tmp_path, layers())
+        tsv_write.write_tree(tmp_path, layers())
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SpdnnError, match="8 x 8"):
-        tsv.write_tree(tmp_path, Network(random_network(np.random.default_rng(1), [8, 4]).layers))
+        small = Network(random_network(np.random.default_rng(1), [8, 4]).layers)
+        tsv_write.write_tree(tmp_path, small)
     with pytest.raises(SpdnnError, match="inputs have 5 columns"):
-        tsv.write_tree(tmp_path, net, random_inputs(np.random.default_rng(1), 3, 5))
+        tsv_write.write_tree(tmp_path, net, random_inputs(np.random.default_rng(1), 3, 5))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -213,9 +214,9 @@ def test_write_tree_is_atomic(tmp_path):
 # the real 1024-neuron network
 # ---------------------------------------------------------------------------
 def test_real_network(real_dir):
-    assert tsv.count_layers(real_dir, 1024) == 120
-    assert tsv.infer_neurons(real_dir) == 1024
-    for layer in tsv.iter_layers(real_dir, 1024, 120, bias=-0.3, clip=32.0):
+    assert tsv_tree.count_layers(real_dir, 1024) == 120
+    assert tsv_tree.infer_neurons(real_dir) == 1024
+    for layer in tsv_tree.iter_layers(real_dir, 1024, 120, bias=-0.3, clip=32.0):
         assert layer.nnz == 32 * 1024
         assert layer.row_degree == 32  # every output neuron j has 32 inputs
         assert np.all(np.bincount(layer.indices, minlength=1024) == 32)  # every input i
@@ -224,7 +225,7 @@ def test_real_network(real_dir):
 
 def test_real_first_layer_structure(real_dir):
     """Layer 1: input i feeds the outputs j with j mod 64 in {i mod 64, (i-1) mod 64}."""
-    layer = tsv.read_layer(tsv.layer_path(real_dir, 1024, 1), 1024, 1024)
+    layer = tsv.read_layer(tsv_tree.layer_path(real_dir, 1024, 1), 1024, 1024)
     j = np.repeat(np.arange(1024), 32)
     i = layer.indices.astype(np.int64)
     assert np.all(((j - i) % 64 == 0) | ((j - i + 1) % 64 == 0))
@@ -311,7 +312,7 @@ def test_not_gzip_but_named_gz(tmp_path):
 
 def test_missing_files(tmp_path):
     with pytest.raises(InputFormatError, match="missing layer file") as info:
-        tsv.layer_path(tmp_path, 1024, 3)
+        tsv_tree.layer_path(tmp_path, 1024, 3)
     assert info.value.path.endswith("n1024-l3.tsv")
     with pytest.raises(InputFormatError, match="no such file"):
         tsv.read_layer(tmp_path / "nope.tsv", 2, 2)
@@ -325,9 +326,9 @@ def test_layer_of_another_network(tmp_path):
     d.mkdir()
     full = random_network(np.random.default_rng(2), [8, 8], density=1.0).layers[0]
     small = random_network(np.random.default_rng(2), [4, 4], density=1.0).layers[0]
-    tsv.write_layer(d / "n8-l1.tsv", full)
-    tsv.write_layer(d / "n8-l2.tsv", small)
-    layers = tsv.iter_layers(d, 8, 2)
+    tsv_write.write_layer(d / "n8-l1.tsv", full)
+    tsv_write.write_layer(d / "n8-l2.tsv", small)
+    layers = tsv_tree.iter_layers(d, 8, 2)
     next(layers)
     with pytest.raises(InputFormatError, match="N=8: it belongs to a different network") as info:
         next(layers)
@@ -341,11 +342,11 @@ def test_missing_layer_in_sequence(tmp_path):
     d = tmp_path / "neuron8"
     d.mkdir()
     layer = random_network(np.random.default_rng(2), [8, 8], density=1.0).layers[0]
-    tsv.write_layer(d / "n8-l1.tsv", layer)
-    tsv.write_layer(d / "n8-l3.tsv", layer)
-    assert tsv.count_layers(d, 8) == 1
+    tsv_write.write_layer(d / "n8-l1.tsv", layer)
+    tsv_write.write_layer(d / "n8-l3.tsv", layer)
+    assert tsv_tree.count_layers(d, 8) == 1
     with pytest.raises(InputFormatError, match="missing layer file"):
-        list(tsv.iter_layers(d, 8, 3))
+        list(tsv_tree.iter_layers(d, 8, 3))
 
 
 @pytest.mark.parametrize(
@@ -391,7 +392,7 @@ def test_block_boundaries_do_not_matter(tmp_path):
     rng = np.random.default_rng(9)
     layer = random_network(rng, [30, 30], density=0.5).layers[0]
     path = tmp_path / "l.tsv"
-    tsv.write_layer(path, layer)
+    tsv_write.write_layer(path, layer)
     lines = path.read_text().splitlines()
     lines[200] = lines[200].replace("\t", " \t ", 1)  # still fine
     lines[300] = "1\t1"
@@ -404,8 +405,8 @@ def test_block_boundaries_do_not_matter(tmp_path):
 
 def test_layer_path_prefers_plain(tmp_path):
     layer = Layer.from_coo([0], [0], [1.0], 1, 1)
-    tsv.write_layer(tmp_path / "n1-l1.tsv.gz", layer)
-    assert tsv.layer_path(tmp_path, 1, 1).name == "n1-l1.tsv.gz"
-    tsv.write_layer(tmp_path / "n1-l1.tsv", layer)
-    assert tsv.layer_path(tmp_path, 1, 1).name == "n1-l1.tsv"
-    assert isinstance(tsv.layer_path(tmp_path, 1, 1), Path)
+    tsv_write.write_layer(tmp_path / "n1-l1.tsv.gz", layer)
+    assert tsv_tree.layer_path(tmp_path, 1, 1).name == "n1-l1.tsv.gz"
+    tsv_write.write_layer(tmp_path / "n1-l1.tsv", layer)
+    assert tsv_tree.layer_path(tmp_path, 1, 1).name == "n1-l1.tsv"
+    assert isinstance(tsv_tree.layer_path(tmp_path, 1, 1), Path)

@@ -8,7 +8,7 @@
 #   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep locality
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
-# harness in spdnn_mpi.peers_gpu; with OLD_TREE set (a `git archive` of an
+# harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
 # earlier commit, carried), the same configurations run with that tree's
 # kernels in the same call, so a new kernel is compared on the same machine.
 #
@@ -75,12 +75,12 @@ fi
 if [[ $steps == *sweep* ]]; then
   configs="${SWEEP_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x120 --config 16384x120}"
   # shellcheck disable=SC2086
-  python3 -m spdnn_mpi.peers_gpu $configs ${SWEEP_VARIANTS:---variant auto} --repeat 3 \
+  python3 -m spdnn_mpi.peers.gpu $configs ${SWEEP_VARIANTS:---variant auto} --repeat 3 \
     --json "$out/sweep.json" > "$out/sweep.log" 2>&1
   note "sweep rc=$?"
   if [[ -n ${OLD_TREE:-} ]]; then
     # shellcheck disable=SC2086
-    (cd "$OLD_TREE" && PYTHONPATH="/tmp/site:$PWD" python3 -m spdnn_mpi.peers_gpu $configs \
+    (cd "$OLD_TREE" && PYTHONPATH="/tmp/site:$PWD" python3 -m spdnn_mpi.peers.gpu $configs \
       --variant auto --repeat 3 --json "$out/sweep_old.json") > "$out/sweep_old.log" 2>&1
     note "sweep of $OLD_TREE rc=$?"
   fi
@@ -94,7 +94,7 @@ if [[ $steps == *locality* ]]; then
   python3 - $configs --repeat 3 --json "$out/locality_off.json" > "$out/locality_off.log" 2>&1 <<'PY'
 import sys
 import numpy as np
-from spdnn_mpi import peers_gpu
+from spdnn_mpi.peers import gpu as peers_gpu
 from spdnn_mpi.backends import cuda_layout
 cuda_layout.locality_order = lambda rows: np.arange(rows.shape[0])
 sys.exit(peers_gpu.main(sys.argv[1:]))

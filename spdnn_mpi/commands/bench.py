@@ -22,7 +22,7 @@ PEERS = ("graphblas", "cusparse", "torch")
 
 def default_data_dir() -> Path:
     """Where generated benchmark stores are cached ($SPDNN_CACHE_DIR or ~/.cache)."""
-    from spdnn_mpi.cmd_demo import cache_dir
+    from spdnn_mpi.generators.challenge import cache_dir
 
     return cache_dir() / "bench"
 
@@ -76,9 +76,9 @@ def _log(args, msg: str) -> None:
 
 def generated_cases(args) -> list[tuple[Path, int]]:
     """(store, layers) per requested configuration; stores generated once per N."""
-    from spdnn_mpi.cmd_generate import generate_store
+    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.generators.challenge import generate_store
     from spdnn_mpi.model import CHALLENGE_LAYERS, CHALLENGE_NEURONS
-    from spdnn_mpi.store import Store
 
     configs = list(args.config)
     if args.challenge:
@@ -114,12 +114,12 @@ def run_peer(name: str, network, rows, threads: int | None):
     the peer's time, as ``engine.time_inference`` does for ours.
     """
     if name == "graphblas":
-        from spdnn_mpi.peers import graphblas_infer
+        from spdnn_mpi.peers.graphblas import graphblas_infer
 
         def fn(r):
             return graphblas_infer(network, r, threads)
     else:
-        from spdnn_mpi import peers_gpu
+        from spdnn_mpi.peers import gpu as peers_gpu
 
         impl = peers_gpu.cusparse_infer if name == "cusparse" else peers_gpu.torch_sparse_infer
 
@@ -134,8 +134,8 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     from spdnn_mpi.driver import compare_categories
     from spdnn_mpi.engine import run_inference, time_inference
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats.store import Store
     from spdnn_mpi.report import edges_per_second
-    from spdnn_mpi.store import Store
 
     with Store(store_path) as store:
         n_layers = n_layers or store.n_layers

@@ -20,20 +20,16 @@ the official files), so generated data can be fed to other challenge codes.
 from __future__ import annotations
 
 import gzip
-import itertools
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from spdnn_mpi.atomic import atomic_path
-from spdnn_mpi.errors import InputFormatError, SpdnnError
-from spdnn_mpi.model import Layer, Network, SparseRows, index_dtype
-from spdnn_mpi.tsv_kernels import (
+from spdnn_mpi.errors import InputFormatError
+from spdnn_mpi.formats.tsv_kernels import (
     E_BLANK,
     E_COLUMNS,
     E_ID_HIGH,
@@ -43,13 +39,13 @@ from spdnn_mpi.tsv_kernels import (
     E_RANGE,
     coo_to_csr,
     duplicate_keys,
-    format_block,
     parse_block,
     row_runs,
     scan_duplicates,
     scatter,
     sort_rows,
 )
+from spdnn_mpi.model import Layer, SparseRows, index_dtype
 
 #: Bytes of (decompressed) text parsed per block; bounds the parser's memory.
 BLOCK_BYTES = 1 << 24
@@ -409,296 +405,3 @@ def read_categories(path: str | os.PathLike, n_images: int | None = None) -> np.
     return s
 
 
-# ---------------------------------------------------------------------------
-# locating files
-# ---------------------------------------------------------------------------
-def layer_path(directory: str | os.PathLike, neurons: int, k: int) -> Path:
-    """Path of 1-based layer ``k`` in a ``neuron{N}`` folder: ``.tsv``, else ``.tsv.gz``.
-
-    Raises InputFormatError (naming the expected file) when neither exists.
-    """
-    base = Path(directory) / f"n{neurons}-l{k}.tsv"
-    for p in (base, base.with_name(base.name + ".gz")):
-        if p.is_file():
-            return p
-    raise InputFormatError(base, None, f"missing layer file (no {base.name} or {base.name}.gz)")
-
-
-def layer_files(directory: str | os.PathLike) -> dict[int, dict[int, Path]]:
-    """All ``n{N}-l{k}.tsv[.gz]`` files of a folder: ``{N: {k: path}}`` (.tsv wins)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise InputFormatError(directory, None, "no such weights folder")
-    found: dict[int, dict[int, Path]] = {}
-    for p in sorted(directory.iterdir(), key=lambda q: q.name.endswith(".gz")):
-        m = LAYER_RE.match(p.name)
-        if m:
-            found.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), p)
-    return found
-
-
-def count_layers(directory: str | os.PathLike, neurons: int) -> int:
-    """Number of consecutive layer files ``1..L`` present for ``neurons``."""
-    files = layer_files(directory).get(neurons, {})
-    n = 0
-    while n + 1 in files:
-        n += 1
-    return n
-
-
-def infer_neurons(directory: str | os.PathLike) -> int:
-    """N of a weights folder, from its name ``neuron{N}`` or its layer file names."""
-    directory = Path(directory)
-    m = re.fullmatch(r"neuron(\d+)", directory.name)
-    if m:
-        return int(m.group(1))
-    ns = sorted(layer_files(directory))
-    if len(ns) == 1:
-        return ns[0]
-    if not ns:
-        raise InputFormatError(directory, None, "no n{N}-l{k}.tsv layer files found")
-    raise InputFormatError(
-        directory, None, f"layer files of several N ({ns}); pass the number of neurons"
-    )
-
-
-def iter_layers(
-    directory: str | os.PathLike,
-    neurons: int,
-    n_layers: int,
-    *,
-    bias: float | np.ndarray = 0.0,
-    clip: float | None = None,
-    check_full: bool = True,
-) -> Iterator[Layer]:
-    """Read layers ``1..n_layers`` of a ``neuron{N}`` folder one at a time.
-
-    With ``check_full`` (challenge networks) every layer must use input and
-    output neuron N somewhere, so a layer of a smaller network copied into
-    the folder is caught even though all its ids are in range.
-    """
-    for k in range(1, n_layers + 1):
-        path = layer_path(directory, neurons, k)
-        layer = read_layer(path, neurons, neurons, bias=bias, clip=clip)
-        if check_full:
-            top_in = int(layer.indices.max()) + 1 if layer.nnz else 0
-            nonempty = np.flatnonzero(np.diff(layer.indptr))
-            top_out = int(nonempty[-1]) + 1 if len(nonempty) else 0
-            if top_in != neurons or top_out != neurons:
-                raise InputFormatError(
-                    path,
-                    None,
-                    f"layer uses neurons up to i={top_in}, j={top_out} but the network "
-                    f"has N={neurons}: it belongs to a different network",
-                )
-        yield layer
-
-
-@dataclass
-class TreeNetwork:
-    """What an official tree holds for one N (see :func:`scan_tree`)."""
-
-    neurons: int
-    weights_dir: Path
-    n_layers: int
-    images: Path | None = None
-    categories: dict[int, Path] = field(default_factory=dict)
-
-
-def scan_tree(root: str | os.PathLike) -> list[TreeNetwork]:
-    """Find every network in an official tree (searched recursively), sorted by N.
-
-    A network is a ``neuron{N}`` folder with layer files ``1..L``; the images
-    ``sparse-images-{N}.tsv[.gz]`` and truth ``neuron{N}-l{L}-categories.tsv``
-    may sit anywhere under ``root``.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise InputFormatError(root, None, "no such folder")
-    nets: dict[int, TreeNetwork] = {}
-    images: dict[int, Path] = {}
-    cats: dict[int, dict[int, Path]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        d = Path(dirpath)
-        m = re.fullmatch(r"neuron(\d+)", d.name)
-        if m and int(m.group(1)) not in nets:
-            n = int(m.group(1))
-            count = count_layers(d, n)
-            if count:
-                nets[n] = TreeNetwork(n, d, count)
-        for name in sorted(filenames):
-            if (mi := IMAGES_RE.match(name)) and int(mi.group(1)) not in images:
-                images[int(mi.group(1))] = d / name
-            elif mc := CATEGORIES_RE.match(name):
-                cats.setdefault(int(mc.group(1)), {}).setdefault(int(mc.group(2)), d / name)
-    for n, net in nets.items():
-        net.images = images.get(n)
-        net.categories = dict(sorted(cats.get(n, {}).items()))
-    return [nets[n] for n in sorted(nets)]
-
-
-# ---------------------------------------------------------------------------
-# writing
-# ---------------------------------------------------------------------------
-def _value_table(values: np.ndarray | None, uniform: float | None, one_as_int: bool):
-    """(val_idx, table bytes, offsets): each distinct value formatted once, with its newline.
-
-    ``%.6e`` like the official files; a value that would not read back
-    exactly as float32 gets ``%.8e`` so written files round-trip losslessly.
-    Formatting goes through C-level ``%`` on whole lists, not a loop per line.
-    """
-    if values is None:
-        uniq = np.array([uniform], dtype=np.float32)
-        inv = np.empty(0, dtype=np.int32)
-    else:
-        uniq, inv = np.unique(np.asarray(values, dtype=np.float32), return_inverse=True)
-        inv = inv.astype(np.int32).ravel()
-    as_list = uniq.astype(np.float64).tolist()
-    parts = (("%.6e\n" * len(as_list)) % tuple(as_list)).split("\n")[:-1]
-    back = np.array(parts, dtype=np.float64).astype(np.float32)
-    bad = np.flatnonzero(back != uniq)
-    if len(bad):
-        exact = (("%.8e\n" * len(bad)) % tuple(uniq[bad].astype(np.float64).tolist())).split("\n")
-        obj = np.array(parts, dtype=object)
-        obj[bad] = exact[:-1]
-        parts = obj.tolist()
-    if one_as_int:
-        ones = np.flatnonzero(uniq == 1.0)
-        if len(ones):
-            parts[int(ones[0])] = "1"
-    buf = np.frombuffer(("\n".join(parts) + "\n").encode(), dtype=np.uint8)
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    offsets[1:] = np.flatnonzero(buf == 10) + 1
-    return inv, buf, offsets
-
-
-def _write_csr_lines(
-    path: Path,
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    values: np.ndarray | None,
-    uniform: float | None,
-    *,
-    swap: bool,
-    row_base: int,
-    one_as_int: bool,
-    block_entries: int = 1 << 22,
-) -> None:
-    """Write CSR entries as TSV lines atomically (gzip when the name ends in .gz)."""
-    val_idx, table, offsets = _value_table(values, uniform, one_as_int)
-    n_rows = len(indptr) - 1
-    n_cols_bound = int(indices.max()) + 1 if len(indices) else 1
-    width = len(str(row_base + n_rows)) + len(str(n_cols_bound)) + int(np.max(np.diff(offsets))) + 2
-    indptr = np.asarray(indptr, dtype=np.int64)
-    with atomic_path(path) as tmp:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        kwargs = {"compresslevel": 6} if opener is gzip.open else {}
-        with opener(tmp, "wb", **kwargs) as f:
-            r = 0
-            while r < n_rows:
-                # rows [r, r2) holding at most block_entries entries (at least one row)
-                r2 = int(np.searchsorted(indptr, indptr[r] + block_entries, side="right")) - 1
-                r2 = min(max(r2, r + 1), n_rows)
-                n_entries = int(indptr[r2] - indptr[r])
-                out = np.empty(n_entries * width, dtype=np.uint8)
-                used = format_block(
-                    indptr, indices, r, r2, row_base, swap, val_idx, table, offsets, out
-                )
-                f.write(memoryview(out[:used]))
-                r = r2
-
-
-def write_layer(path: str | os.PathLike, layer: Layer) -> None:
-    """Write a layer as official ``i j value`` lines (ordered by j, then i), atomically."""
-    _write_csr_lines(
-        Path(path),
-        layer.indptr,
-        layer.indices,
-        layer.values,
-        layer.uniform_value,
-        swap=True,
-        row_base=0,
-        one_as_int=False,
-    )
-
-
-def write_images(path: str | os.PathLike, rows: SparseRows) -> None:
-    """Write input rows as ``image pixel value`` lines (image ids from ``first_row + 1``)."""
-    indptr = np.asarray(rows.indptr, dtype=np.int64) - int(rows.indptr[0])
-    _write_csr_lines(
-        Path(path),
-        indptr,
-        rows.indices,
-        rows.values,
-        1.0 if rows.values is None else None,
-        swap=False,
-        row_base=rows.first_row,
-        one_as_int=True,
-    )
-
-
-def write_categories(path: str | os.PathLike, ids: np.ndarray) -> None:
-    """Write sorted 1-based image ids, one per line, atomically."""
-    ids = np.sort(np.asarray(ids, dtype=np.int64))
-    if len(ids) and ids[0] < 1:
-        raise ValueError("category ids are 1-based")
-    text = "".join(f"{x}\n" for x in ids.tolist()).encode()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        if path.name.endswith(".gz"):
-            with gzip.open(tmp, "wb") as f:
-                f.write(text)
-        else:
-            tmp.write_bytes(text)
-
-
-def write_tree(
-    out_dir: str | os.PathLike,
-    network: Network | Iterable[Layer],
-    rows: SparseRows | None = None,
-    categories_by_L: Mapping[int, np.ndarray] | None = None,
-    *,
-    compress: bool = False,
-) -> dict[str, Path]:
-    """Write the official layout under ``out_dir`` and return what was written.
-
-    ``neuron{N}/n{N}-l{k}.tsv`` for each layer (taken one at a time, so a
-    generator of layers streams), ``sparse-images-{N}.tsv`` when ``rows`` is
-    given, ``neuron{N}-l{L}-categories.tsv`` per truth entry. The layer folder
-    is built under a temporary name and renamed when complete; every other
-    file is written atomically. ``compress`` adds ``.gz``. Layers must be
-    square N x N, as the official names carry only N.
-    """
-    out_dir = Path(out_dir)
-    layers = network.layers if isinstance(network, Network) else network
-    ext = ".tsv.gz" if compress else ".tsv"
-    written: dict[str, Path] = {}
-    it = iter(layers)
-    first = next(it, None)
-    if first is None:
-        raise SpdnnError("write_tree: the network has no layers")
-    neurons = first.n_in
-    if rows is not None and rows.n_cols != neurons:
-        raise SpdnnError(f"write_tree: inputs have {rows.n_cols} columns, network N={neurons}")
-    final = out_dir / f"neuron{neurons}"
-    with atomic_path(final, directory=True) as tmp:
-        k = 0
-        for layer in itertools.chain([first], it):
-            k += 1
-            if layer.n_in != neurons or layer.n_out != neurons:
-                raise SpdnnError(
-                    f"write_tree: layer {k} is {layer.n_in} x {layer.n_out}; the official "
-                    f"layout needs every layer {neurons} x {neurons}"
-                )
-            write_layer(tmp / f"n{neurons}-l{k}{ext}", layer)
-    written["weights"] = final
-    if rows is not None:
-        p = out_dir / f"sparse-images-{neurons}{ext}"
-        write_images(p, rows)
-        written["images"] = p
-    for n_layers, ids in sorted((categories_by_L or {}).items()):
-        p = out_dir / f"neuron{neurons}-l{n_layers}-categories{ext}"
-        write_categories(p, ids)
-        written[f"categories_l{n_layers}"] = p
-    return written

@@ -1,4 +1,4 @@
-"""Numba kernels behind ``spdnn_mpi.tsv``: parse and format blocks of TSV bytes.
+"""Numba kernels behind ``spdnn_mpi.formats.tsv``: parse and format blocks of TSV bytes.
 
 Kept apart from the file handling so each module holds one idea: these
 functions see only byte buffers and arrays, validate every field as they go

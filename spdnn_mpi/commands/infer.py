@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
     from spdnn_mpi.driver import RunOptions, compare_categories, distributed_infer
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.tsv_write import write_categories
     from spdnn_mpi.report import write_json
-    from spdnn_mpi.store import Store
-    from spdnn_mpi.tsv import write_categories
 
     world = mpi.world()
     rank = world.Get_rank()

@@ -7,20 +7,11 @@ inferred and checked: the one command to see the whole pipeline work.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 DEMO_NEURONS = 1024
 DEMO_LAYERS = 120
-
-
-def cache_dir() -> Path:
-    """$SPDNN_CACHE_DIR, else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi."""
-    if os.environ.get("SPDNN_CACHE_DIR"):
-        return Path(os.environ["SPDNN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "spdnn_mpi"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def demo_store(args) -> Path:
     """The cached demo store, generated on first use (atomically)."""
-    from spdnn_mpi.cmd_generate import generate_store
+    from spdnn_mpi.generators.challenge import cache_dir, generate_store
 
     directory = args.cache_dir or cache_dir()
     path = directory / f"demo-n{DEMO_NEURONS}-l{DEMO_LAYERS}-i{args.images}-s{args.seed}.h5"

@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse_categories_arg(text: str) -> tuple[int, Path]:
     """``L=FILE`` or a file named ``neuron{N}-l{L}-categories.tsv[.gz]`` -> (L, path)."""
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.tsv import CATEGORIES_RE
+    from spdnn_mpi.formats.tsv import CATEGORIES_RE
 
     m = re.fullmatch(r"(\d+)=(.+)", text)
     if m:
@@ -169,10 +169,11 @@ def prepare_store(
     time, so memory stays at one layer plus the inputs. Errors raise
     SpdnnError/InputFormatError and leave no file under ``out``.
     """
-    from spdnn_mpi import __version__, tsv
+    from spdnn_mpi import __version__
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats import tsv, tsv_tree
+    from spdnn_mpi.formats.store import StoreWriter
     from spdnn_mpi.model import challenge_bias
-    from spdnn_mpi.store import StoreWriter
 
     weights = Path(weights)
     out = Path(out)
@@ -183,15 +184,15 @@ def prepare_store(
     if not weights.is_dir():
         raise SpdnnError(f"{weights}: no such weights folder")
     if neurons is None:
-        neurons = tsv.infer_neurons(weights)
-    found = tsv.count_layers(weights, neurons)
+        neurons = tsv_tree.infer_neurons(weights)
+    found = tsv_tree.count_layers(weights, neurons)
     if n_layers is None:
         if found == 0:
-            tsv.layer_path(weights, neurons, 1)  # raises: names the missing first file
+            tsv_tree.layer_path(weights, neurons, 1)  # raises: names the missing first file
         n_layers = found
     if n_layers < 1:
         raise SpdnnError(f"--layers must be at least 1, got {n_layers}")
-    layer_files = [tsv.layer_path(weights, neurons, k) for k in range(1, n_layers + 1)]
+    layer_files = [tsv_tree.layer_path(weights, neurons, k) for k in range(1, n_layers + 1)]
     bias = challenge_bias(neurons) if bias is None else float(bias)
     categories = dict(categories or {})
     for n_l in categories:
@@ -230,7 +231,7 @@ def prepare_store(
         )
 
     if generate_inputs:
-        from spdnn_mpi.digits import digit_images
+        from spdnn_mpi.generators.digits import digit_images
 
         rows = digit_images(neurons, n_images or 60000)
         _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
@@ -243,7 +244,8 @@ def prepare_store(
             "weights_dir": str(weights.resolve()),
             "layer_files": f"{layer_files[0].name} .. {layer_files[-1].name}",
             "inputs": str(Path(inputs).resolve()) if inputs is not None else (
-                "generated from MNIST digits (spdnn_mpi.digits)" if generate_inputs else None
+                "generated from MNIST digits (spdnn_mpi.generators.digits)"
+                if generate_inputs else None
             ),
             "categories": {str(k): str(Path(v).resolve()) for k, v in sorted(categories.items())},
         },
@@ -264,7 +266,7 @@ def prepare_store(
             writer.add_truth(n_l, ids, f"official categories file {Path(categories[n_l]).name}")
         bar = _Progress(n_layers, progress)
         for k, layer in enumerate(
-            tsv.iter_layers(weights, neurons, n_layers, bias=bias, clip=clip), start=1
+            tsv_tree.iter_layers(weights, neurons, n_layers, bias=bias, clip=clip), start=1
         ):
             writer.add_layer(layer)
             bar.layer_done(k, layer.nnz)
@@ -281,7 +283,7 @@ def prepare_store(
 
 def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:
     """Compute and store the categories after each of ``truth_layers`` layers."""
-    from spdnn_mpi.cmd_generate import resolve_truth_backend, truth_by_count
+    from spdnn_mpi.truth import resolve_truth_backend, truth_by_count
 
     name, fn = resolve_truth_backend(backend)
     t0 = time.perf_counter()
@@ -346,10 +348,10 @@ def convert_tree(
     (``neuron{N}-l{L}.h5`` holding the first L layers), as the 120- and
     480-layer networks are the first layers of the 1920-layer one.
     """
-    from spdnn_mpi import tsv
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats import tsv_tree
 
-    nets = tsv.scan_tree(root)
+    nets = tsv_tree.scan_tree(root)
     if neurons:
         nets = [n for n in nets if n.neurons in neurons]
     if not nets:

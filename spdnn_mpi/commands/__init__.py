@@ -1,0 +1,1 @@
+"""The ``spdnn`` subcommands, one module each (``add_arguments`` and ``run``)."""

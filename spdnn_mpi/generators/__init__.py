@@ -1,0 +1,1 @@
+"""Data generators: RadiX-Net networks and MNIST-derived input images."""

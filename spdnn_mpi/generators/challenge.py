@@ -1,0 +1,175 @@
+"""A challenge-shaped network, inputs from real digits, and truth, into one store.
+
+The network is a seeded RadiX-Net shaped like the real one
+(``generators.radixnet``), the inputs MNIST digits prepared like the
+challenge's (``generators.digits``), the truth the surviving image ids after
+each requested layer count, computed by a truth backend (``spdnn_mpi.truth``).
+Output is one HDF5 store, written atomically with layers streamed in one at a
+time, or the official TSV layout in a directory.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.truth import TruthFn, resolve_truth_backend, truth_by_count
+
+ProgressFn = Callable[[str], None]  # one line of progress text
+
+
+def cache_dir() -> Path:
+    """$SPDNN_CACHE_DIR, else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi."""
+    if os.environ.get("SPDNN_CACHE_DIR"):
+        return Path(os.environ["SPDNN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "spdnn_mpi"
+
+
+def _stderr_progress(line: str) -> None:
+    print(f"spdnn generate: {line}", file=sys.stderr, flush=True)
+
+
+def _reporting(
+    layers: Iterable,
+    total: int,
+    progress: ProgressFn | None,
+    keep: list,
+    keep_first: int,
+    every: float = 2.0,
+) -> Iterator:
+    """Pass layers through, keeping the first ``keep_first`` and reporting the rate."""
+    t0 = time.perf_counter()
+    next_report = t0 + every
+    edges = 0
+    for k, layer in enumerate(layers, start=1):
+        yield layer  # the consumer writes it before the next one is made
+        edges += layer.nnz
+        if k <= keep_first:
+            keep.append(layer)
+        now = time.perf_counter()
+        if progress is not None and (now >= next_report or k == total):
+            dt = max(now - t0, 1e-9)
+            progress(
+                f"layers {k}/{total} written, {k / dt:.1f} layers/s, "
+                f"{edges / dt / 1e6:.0f} M edges/s"
+            )
+            next_report = now + every
+
+
+def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list[int]:
+    wanted = [layers] if truth_layers is None else sorted({int(t) for t in truth_layers})
+    bad = [t for t in wanted if not 1 <= t <= layers]
+    if bad:
+        raise SpdnnError(f"truth layer counts {bad} outside 1..{layers} (the generated depth)")
+    return wanted
+
+
+def generate_store(
+    path: str | os.PathLike,
+    neurons: int,
+    layers: int,
+    seed: int,
+    images: int = 60000,
+    truth_layers: Sequence[int] | None = None,
+    truth_backend: str | TruthFn | None = "reference",
+    mnist_dir: str | os.PathLike | None = None,
+    progress: ProgressFn | None = None,
+    *,
+    shuffle: str = "cycle",
+    threshold: int | None = None,
+    tsv: bool = False,
+    quiet: bool = True,
+) -> dict:
+    """Generate network, inputs and truth into a store at ``path`` (or a TSV tree with ``tsv``).
+
+    ``truth_layers`` defaults to ``[layers]``; ``truth_backend`` is a name in
+    ``TRUTH_BACKENDS`` or a callable ``(network, rows) -> categories``.
+    Progress lines go to ``progress``, or to stderr when ``quiet`` is False.
+    Returns the provenance written, with the truth counts.
+    """
+    from spdnn_mpi import __version__
+    from spdnn_mpi.generators.digits import (
+        DEFAULT_THRESHOLD,
+        digit_images,
+        images_provenance,
+        load_digits,
+    )
+    from spdnn_mpi.generators.radixnet import iter_radixnet, radixnet_provenance
+
+    if progress is None and not quiet:
+        progress = _stderr_progress
+    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    try:
+        layer_stream = iter_radixnet(neurons, layers, seed, shuffle)
+    except ValueError as exc:
+        raise SpdnnError(str(exc)) from None
+    if images < 1:
+        raise SpdnnError(f"images must be >= 1, got {images}")
+    truth_name, truth_fn = resolve_truth_backend(truth_backend)
+    wanted = _check_truth_layers(truth_layers, layers) if truth_fn is not None else []
+
+    t0 = time.perf_counter()
+    digits, source = load_digits(mnist_dir)
+    try:
+        rows = digit_images(neurons, images, digits=digits, threshold=threshold)
+    except ValueError as exc:
+        raise SpdnnError(str(exc)) from None
+    if progress is not None:
+        progress(
+            f"{images} images from {source}: {rows.nnz} nonzeros "
+            f"({rows.nnz / (images * neurons):.2%}) in {time.perf_counter() - t0:.1f} s"
+        )
+    provenance = {
+        "generator": "spdnn_mpi.generate",
+        "generator_version": __version__,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "neurons": neurons,
+        "layers": layers,
+        "seed": seed,
+        "network": radixnet_provenance(neurons, layers, seed, shuffle),
+        "inputs": images_provenance(neurons, images, source, threshold) | {"nnz": rows.nnz},
+        "truth": {str(n): truth_name for n in wanted},
+    }
+    kept: list = []
+    stream = _reporting(layer_stream, layers, progress, kept, max(wanted, default=0))
+
+    def compute_truth() -> list:
+        """(layer count, categories) for each wanted count, from the layers kept."""
+        t1 = time.perf_counter()
+        out = []
+        for n, ids in truth_by_count(truth_fn, kept, rows, wanted):
+            out.append((n, ids))
+            if progress is not None:
+                progress(
+                    f"truth after {n} layers ({truth_name}): {len(ids)} of {images} images "
+                    f"survive, {time.perf_counter() - t1:.1f} s"
+                )
+        provenance["truth_counts"] = {str(n): len(ids) for n, ids in out}
+        return out
+
+    if tsv:
+        from spdnn_mpi.formats.tsv_write import write_categories, write_tree
+
+        out_dir = Path(path)
+        write_tree(out_dir, stream, rows)
+        for n, ids in compute_truth():
+            write_categories(out_dir / f"neuron{neurons}-l{n}-categories.tsv", ids)
+    else:
+        from spdnn_mpi.formats.store import StoreWriter
+
+        with StoreWriter(path, provenance) as writer:
+            writer.write_inputs(rows)
+            for layer in stream:
+                writer.add_layer(layer)
+            for n, ids in compute_truth():
+                writer.add_truth(n, ids, computed_by=truth_name)
+            writer.set_provenance(provenance)
+    if progress is not None:
+        progress(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
+    return provenance

@@ -1,0 +1,1 @@
+"""Other implementations run on the same data for comparison (GraphBLAS, cuSPARSE, torch)."""
