@@ -34,6 +34,7 @@ class RunOptions:
     threads: int | None = None
     oversubscribe_gpus: bool = False
     weights_load: str = "node"  # "node": one reader per node, broadcast; "rank": every rank reads
+    compress: str = "auto"  # "auto": merge bit-identical rows (exact); "off": compute every row
     progress: Callable[[int, int, int, float], None] | None = None
 
 
@@ -50,6 +51,20 @@ def compare_categories(ours: np.ndarray, truth: np.ndarray, show: int = 10) -> d
         "missing_count": int(len(missing)),
         "extra_count": int(len(extra)),
     }
+
+
+def merge_events(batches: list[list[dict]]) -> list[dict]:
+    """Checks of every batch on every rank, summed per layer (rows, representatives, images)."""
+    by_layer: dict[int, dict] = {}
+    for events in batches:
+        for e in events:
+            acc = by_layer.setdefault(e["layer"], {"layer": e["layer"], "rows": 0,
+                                                   "representatives": 0, "images": 0,
+                                                   "batches": 0})
+            for key in ("rows", "representatives", "images"):
+                acc[key] += e[key]
+            acc["batches"] += 1
+    return [by_layer[k] for k in sorted(by_layer)]
 
 
 def _layer_arrays(layer: Layer) -> list[np.ndarray]:
@@ -147,7 +162,8 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
         backend.load_network(network.layers)
         # Untimed warm-up on a few rows: kernel compilation and CUDA graph capture
         # belong to set-up (reported as layout time), not to inference.
-        run_inference(network, rows.slice(0, min(rows.n_rows, 64)), backend, batch=opts.batch)
+        run_inference(network, rows.slice(0, min(rows.n_rows, 64)), backend, batch=opts.batch,
+                      compress=opts.compress)
         t2 = time.perf_counter()
         state.update(rows=rows, network=network, backend=backend, start=start, stop=stop,
                      load_seconds=t1 - t0, layout_seconds=t2 - t1)
@@ -156,7 +172,8 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
 
     def infer() -> InferenceResult:
         return run_inference(state["network"], state["rows"], state["backend"],
-                             batch=opts.batch, progress=opts.progress if rank == 0 else None)
+                             batch=opts.batch, progress=opts.progress if rank == 0 else None,
+                             compress=opts.compress)
 
     result: InferenceResult = mpi.run_phase(comm, infer)
     state["store"].close()
@@ -176,6 +193,8 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
         "inference_seconds": result.seconds,
         "input_seconds": result.input_seconds,
         "alive_at_end": int(len(result.alive_ids)),
+        "computed_edges": result.computed_edges(state["network"]),
+        "compression": result.compression,
         "batches": result.batches,
         "backend": state["backend"].describe(),
     }, root=0)
@@ -189,6 +208,8 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
     slowest = float(times.max())
     categories = np.sort(ids) + 1
     eps = edges_per_second(n_images, edges, slowest)
+    computed = sum(r["computed_edges"] for r in per_rank)
+    computed_eps = computed / slowest if slowest > 0 else float("inf")
     return {
         "store": str(opts.store),
         "n_layers": state["n_layers"],
@@ -202,6 +223,11 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
         "inference_seconds": slowest,
         "edges_per_second": eps,
         "teraedges_per_second": eps / 1e12,
+        "compress": opts.compress,
+        "computed_edges": computed,
+        "computed_edges_per_second": computed_eps,
+        "computed_teraedges_per_second": computed_eps / 1e12,
+        "compression": merge_events([b for r in per_rank for b in r["compression"]]),
         "input_seconds": max(r["input_seconds"] for r in per_rank),
         "load_seconds": max(r["load_seconds"] for r in per_rank),
         "layout_seconds": max(r["layout_seconds"] for r in per_rank),

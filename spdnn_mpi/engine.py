@@ -4,7 +4,10 @@ For each layer the backend computes ``Y <- min(max(Y @ W + b, 0), clip)`` for
 its active rows and marks which rows are still nonzero; where that is exact
 (every later layer maps a zero row to zero) the backend drops the dead rows
 before the next layer, keeping their original image ids. Inputs that do not
-fit are processed in batches with identical results.
+fit are processed in batches with identical results. With compression on
+(``compress="auto"``), the engine asks the backend at checkpoints to merge
+bit-identical rows, so later layers compute each distinct row once
+(``compression``); results are mapped back onto every image, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from spdnn_mpi.compression import COMPRESS_MODES, Compressor, RowGroups, is_checkpoint
+from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.reference import droppable_after
 
@@ -35,6 +40,7 @@ class Backend(Protocol):
     """What the engine needs from a compute backend (CPU, CUDA, reference)."""
 
     name: str
+    tile_rows: int  # rows computed as one unit (merging below this saves nothing)
 
     def load_network(self, layers: Sequence[Layer]) -> None:
         """Upload the weights and build the backend's layout (not timed as inference)."""
@@ -50,6 +56,21 @@ class Backend(Protocol):
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
         """Apply 0-based layer ``k``; then drop all-zero rows if ``drop_dead``. May be async."""
+
+    def flush(self) -> None:
+        """Start the queued layers now, without waiting for them.
+
+        The engine calls it at every compression checkpoint where it does not
+        merge, so queued work is cut at the same layers in every run.
+        """
+
+    def merge_duplicate_rows(self) -> RowGroups:
+        """Keep one row per group of bit-identical rows held now; say who went where.
+
+        Groups are found on the backend's device: a hash per row, then an
+        exact comparison with the group's first row (a hash alone is never
+        trusted). Representatives keep their order.
+        """
 
     def live_count(self) -> int:
         """Rows alive now (may synchronise; the engine calls it only for progress)."""
@@ -75,7 +96,15 @@ class InferenceResult:
     batches: int
     features: np.ndarray | None = None
     input_seconds: float = 0.0  # uploading and densifying the inputs (not in ``seconds``)
+    computed_rows_per_layer: np.ndarray | None = None  # rows each layer computed, summed
+    compression: list[dict] = field(default_factory=list)  # checks that ran, per batch
     extra: dict = field(default_factory=dict)
+
+    def computed_edges(self, network: Network) -> int:
+        """Edges actually multiplied: rows each layer computed x that layer's nonzeros."""
+        nnz = np.array([layer.nnz for layer in network.layers], dtype=np.int64)
+        rows = self.computed_rows_per_layer
+        return int((rows[: len(nnz)] * nnz).sum()) if rows is not None else 0
 
     def categories(self) -> np.ndarray:
         """Sorted 1-based ids, the challenge's categories format."""
@@ -105,18 +134,23 @@ def run_inference(
     want_features: bool = False,
     progress: ProgressFn | None = None,
     progress_every: float = 2.0,
+    compress: str = "off",
 ) -> InferenceResult:
     """Run every layer of ``network`` over ``rows`` on an already loaded ``backend``.
 
     Timing follows the challenge (and the 2020 code we compare with): the
     clock covers the layers and fetching the survivors, per batch; putting a
     batch's inputs on the device is timed apart as ``input_seconds``, like
-    reading the weights is.
+    reading the weights is. Compression checks run inside the timed loop.
     """
+    if compress not in COMPRESS_MODES:
+        raise SpdnnError(f"unknown compress mode {compress!r}; choose {', '.join(COMPRESS_MODES)}")
     drop = droppable_after(network)
     n_layers = network.n_layers
     batch_rows = choose_batch(backend, network, rows.n_rows, batch)
     live = np.zeros(n_layers, dtype=np.int64)
+    computed = np.zeros(n_layers, dtype=np.int64)
+    events: list[list[dict]] = []
     layer_seconds = np.zeros(n_layers) if n_layers else None
     alive: list[np.ndarray] = []
     feats: list[np.ndarray] = []
@@ -131,22 +165,33 @@ def run_inference(
         backend.synchronize()
         t0 = time.perf_counter()
         input_seconds += t0 - t_in
+        comp = Compressor(part.n_rows, backend.tile_rows) if compress == "auto" else None
         for k in range(n_layers):
             backend.run_layer(k, drop[k + 1])
+            if comp is not None and k + 1 < n_layers and is_checkpoint(k + 1):
+                if comp.wants_check(k + 1):
+                    comp.record(k + 1, backend.merge_duplicate_rows())
+                else:
+                    backend.flush()
             if progress is not None and time.perf_counter() >= next_report:
                 progress(k + 1, n_layers, backend.live_count(), time.perf_counter() - t_start)
                 next_report = time.perf_counter() + progress_every
         res = backend.finish(want_features)
+        alive_rows, batch_features = np.asarray(res.alive_rows, dtype=np.int64), res.features
+        if comp is not None:
+            alive_rows, batch_features = comp.expand(alive_rows, batch_features)
+            events.append(comp.summary())
         seconds += time.perf_counter() - t0
         n_batches += 1
         live += np.asarray(res.live_per_layer, dtype=np.int64)
+        computed += rows_computed(part, res.live_per_layer, drop, comp)
         if res.layer_seconds is not None and layer_seconds is not None:
             layer_seconds += np.asarray(res.layer_seconds)
         else:
             layer_seconds = None
-        alive.append(np.asarray(res.alive_rows, dtype=np.int64) + part.first_row)
-        if want_features and res.features is not None:
-            feats.append(res.features)
+        alive.append(alive_rows + part.first_row)
+        if want_features and batch_features is not None:
+            feats.append(batch_features)
     ids = np.concatenate(alive) if alive else np.zeros(0, dtype=np.int64)
     order = np.argsort(ids, kind="stable")
     features = None
@@ -156,20 +201,42 @@ def run_inference(
     if progress is not None:
         progress(n_layers, n_layers, int(len(ids)), time.perf_counter() - t_start)
     return InferenceResult(ids[order], live, seconds, layer_seconds, n_batches, features,
-                           input_seconds)
+                           input_seconds, computed, events)
+
+
+def rows_computed(rows: SparseRows, live_after: Sequence[int], drop: list[bool],
+                  comp: Compressor | None) -> np.ndarray:
+    """Rows that entered each layer of one batch (representatives once merged).
+
+    Layer 0 gets the input rows (the nonempty ones when empty rows drop);
+    layer k the rows alive after layer k - 1 where dead rows drop, else all
+    it held; a merge after layer k - 1 leaves its representatives.
+    """
+    n_layers = len(live_after)
+    merged = {e.layer: e.representatives for e in comp.events} if comp is not None else {}
+    out = np.zeros(n_layers, dtype=np.int64)
+    held = int(np.count_nonzero(np.diff(rows.indptr))) if drop[0] else rows.n_rows
+    for k in range(n_layers):
+        if k:
+            held = int(live_after[k - 1]) if drop[k] else held
+            held = min(held, merged[k]) if k in merged else held
+        out[k] = held
+    return out
 
 
 def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat: int = 3,
-                   batch: int | None = None) -> tuple[float, list[float], InferenceResult]:
+                   batch: int | None = None, compress: str = "off"
+                   ) -> tuple[float, list[float], InferenceResult]:
     """(median seconds, every run's seconds, last result) of ``repeat`` timed runs.
 
     An untimed warm-up on a few rows first keeps compilation and CUDA graph
     capture out of the numbers. The benchmark and the GPU harness both use it.
     """
-    run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch)
+    run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch,
+                  compress=compress)
     times: list[float] = []
     result = None
     for _ in range(max(1, repeat)):
-        result = run_inference(network, rows, backend, batch=batch)
+        result = run_inference(network, rows, backend, batch=batch, compress=compress)
         times.append(result.seconds)
     return statistics.median(times), times, result

@@ -25,11 +25,28 @@ def test_bench_store_with_graphblas_peer_and_simulated_ranks(tiny_store, tmp_pat
     assert main(["bench", str(tiny_store), "--backend", "cpu", "--peer", "graphblas",
                  "--ranks-sim", "3", "--repeat", "2", "--json", str(out), "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "graphblas_s" in table and "proj_speedup" in table and "pass" in table
+    assert "graphblas_s" in table and "proj_auto" in table and "pass" in table
+    assert "SNICIT" in table and "A100_2020" in table
     res = json.loads(out.read_text())["results"][0]
-    assert res["neurons"] == 1024 and res["layers"] == 12 and len(res["seconds_all"]) == 2
-    assert res["check"]["passed"] and res["peers"]["graphblas"]["agrees"]
-    assert len(res["ranks_sim"]["seconds"]) == 3 and res["ranks_sim"]["imbalance"] >= 1.0
+    assert res["neurons"] == 1024 and res["layers"] == 12
+    assert res["peers"]["graphblas"]["agrees"]
+    off, auto = res["modes"]["off"], res["modes"]["auto"]
+    assert len(off["seconds_all"]) == len(auto["seconds_all"]) == 2
+    assert off["check"]["passed"] and auto["check"]["passed"] and auto["same_as_off"]
+    assert off["check"]["against"].startswith("truth")
+    assert auto["compression"] and auto["compression"][0]["layer"] == 1
+    assert auto["end_to_end_seconds"] > auto["seconds"] > 0
+    assert auto["computed_edges_per_second"] < auto["edges_per_second"]
+    for mode in (off, auto):
+        sim = mode["ranks_sim"]
+        assert len(sim["seconds"]) == 3 and sim["imbalance"] >= 1.0
+
+
+def test_bench_one_mode_only(tiny_store, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", str(tiny_store), "--backend", "cpu", "--compress", "off",
+                 "--repeat", "1", "--json", str(out), "--quiet"]) == 0
+    assert list(json.loads(out.read_text())["results"][0]["modes"]) == ["off"]
 
 
 def test_graphblas_peer_matches_truth(tiny_store):

@@ -86,3 +86,35 @@ def test_one_failing_rank_stops_every_rank(comm, tmp_path_factory):
     mine = "/nonexistent/store.h5" if comm.Get_rank() == bad_rank else path
     with pytest.raises(SpdnnError, match=f"rank {bad_rank} of {comm.Get_size()}"):
         distributed_infer(comm, RunOptions(store=mine, backend="cpu", threads=1))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_compression_on_every_rank_matches_off(comm, tmp_path_factory, backend):
+    """Each rank merges its own identical rows, with no communication: same categories."""
+    path = None
+    if comm.Get_rank() == 0:
+        rng = np.random.default_rng(44)  # 126 of 210 survive
+        net = random_network(rng, [40] * 8, 0.15, uniform=True)
+        base = random_inputs(rng, 30, 40, 0.3).to_dense()
+        from spdnn_mpi.model import SparseRows
+
+        rows = SparseRows.from_dense(np.repeat(base, 7, axis=0))  # 210 rows, 30 distinct
+        path = tmp_path_factory.mktemp("mpi") / "dups.h5"
+        with StoreWriter(path) as w:
+            for layer in net.layers:
+                w.add_layer(layer)
+            w.write_inputs(rows)
+        expected = reference_categories(net, rows)
+    else:
+        expected = None
+    path, expected = comm.bcast(str(path) if path else None, root=0), comm.bcast(expected)
+    reports = {mode: distributed_infer(comm, RunOptions(store=path, backend=backend, threads=1,
+                                                        compress=mode))
+               for mode in ("off", "auto")}
+    if comm.Get_rank() == 0:
+        assert 0 < len(expected) < 210
+        for report in reports.values():
+            np.testing.assert_array_equal(report["_categories"], expected)
+        events = reports["auto"]["compression"]
+        assert events[0]["layer"] == 1 and events[0]["representatives"] < events[0]["rows"]
+        assert reports["auto"]["computed_edges"] < reports["off"]["computed_edges"]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.model import Layer, SparseRows
 
@@ -58,7 +59,8 @@ class CpuBackend:
             self._layers.append((
                 np.ascontiguousarray(lay.indptr, dtype=np.int64),
                 np.ascontiguousarray(lay.indices),  # uint16 stays uint16: no 2x copy
-                np.float32(lay.uniform_value) if uniform else np.asarray(lay.values, np.float32),
+                np.array([lay.uniform_value], np.float32) if uniform
+                else np.asarray(lay.values, np.float32),
                 uniform,
                 np.ascontiguousarray(lay.bias_vector(), dtype=np.float32),
                 np.float32(np.inf if lay.clip is None else lay.clip),
@@ -112,8 +114,8 @@ class CpuBackend:
 
     def _run_layer(self, k: int, drop_dead: bool) -> None:
         indptr, indices, vals, uniform, bias, clip, n_out = self._layers[k]
-        kernel = self._k.layer_uniform if uniform else self._k.layer_general
-        kernel(self._cur, self._spare, self._n_tiles, indptr, indices, vals, bias, clip,
+        kernel = self._k.layer_tiles if self._n_tiles > 1 else self._k.layer_tiles_serial
+        kernel(self._cur, self._spare, self._n_tiles, indptr, indices, vals, uniform, bias, clip,
                self._alive)
         self._cur, self._spare = self._spare, self._cur
         self._cur_width = n_out
@@ -133,6 +135,35 @@ class CpuBackend:
                 self._n_active = n_alive
                 self._n_tiles = (n_alive + self.tile_rows - 1) // self.tile_rows
                 self._alive[:n_alive] = True
+
+    def flush(self) -> None:
+        """Nothing queued: every call runs to completion."""
+
+    def merge_duplicate_rows(self) -> RowGroups:
+        """Hash each held row, confirm candidates exactly, keep the first of each group."""
+        t0 = time.perf_counter()
+        n = self._n_active
+        bits = self._cur.view(np.uint32)
+        keys = self._k.row_hashes(bits, n, self._cur_width)
+        order = np.argsort(keys, kind="stable")
+        sorted_keys = keys[order]
+        head = np.empty(n, dtype=np.int64)
+        head[order] = order[np.searchsorted(sorted_keys, sorted_keys, side="left")]
+        merged = self._k.equal_to_head(bits, head, self._cur_width)
+        members = np.flatnonzero(merged)
+        groups = RowGroups(n, self._pos[~merged], self._pos[members], self._pos[head[members]])
+        if len(members):
+            keep = np.flatnonzero(~merged)
+            alive = self._alive[keep]
+            self._k.compact(self._cur, self._spare, self._cur_width, keep)
+            self._cur, self._spare = self._spare, self._cur
+            self._pos = self._pos[keep]
+            self._n_active = len(keep)
+            self._n_tiles = (len(keep) + self.tile_rows - 1) // self.tile_rows
+            self._alive[: len(keep)] = alive
+        if self._layer_seconds:  # the check belongs to the layer it follows
+            self._layer_seconds[-1] += time.perf_counter() - t0
+        return groups
 
     def live_count(self) -> int:
         return self._live[-1] if self._live else self._n_active

@@ -9,12 +9,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.model import Layer, SparseRows
 
 
 class ReferenceBackend:
     name = "reference"
+    tile_rows = 1
 
     def __init__(self, **_options) -> None:
         self._layers: list = []
@@ -44,6 +46,23 @@ class ReferenceBackend:
         self._live.append(int(alive.sum()))
         if drop_dead:
             self._pos, self._y = self._pos[alive], self._y[alive]
+
+    def flush(self) -> None:
+        """Nothing queued: every call runs to completion."""
+
+    def merge_duplicate_rows(self) -> RowGroups:
+        """Plain and exact: ``np.unique`` over the rows' bit patterns, no hashing."""
+        n = len(self._pos)
+        if n == 0:
+            return RowGroups(0, self._pos, self._pos[:0], self._pos[:0])
+        _, first, inverse = np.unique(self._y.view(np.uint32), axis=0, return_index=True,
+                                      return_inverse=True)
+        head = first[inverse.ravel()]
+        members = np.flatnonzero(head != np.arange(n))
+        keep = np.sort(first)
+        groups = RowGroups(n, self._pos[keep], self._pos[members], self._pos[head[members]])
+        self._pos, self._y = self._pos[keep], self._y[keep]
+        return groups
 
     def live_count(self) -> int:
         return self._live[-1] if self._live else len(self._pos)

@@ -65,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache for generated stores (default: $SPDNN_CACHE_DIR/bench)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (cpu backend)")
     p.add_argument("--batch", type=int, default=None, help="images per batch")
+    p.add_argument("--compress", default="both", choices=["both", "auto", "off"],
+                   help="both: time every case without compression (off: every live row "
+                        "computed) and with it (auto: each group of bit-identical rows once), "
+                        "side by side; or just one of them")
     p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -129,10 +133,77 @@ def run_peer(name: str, network, rows, threads: int | None):
     return fn(rows)
 
 
-def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_name: str) -> dict:
-    from spdnn_mpi.comm import partition
+def mode_names(choice: str) -> list[str]:
+    """--compress both|auto|off -> the modes to time, off first (the direct figure)."""
+    return ["off", "auto"] if choice == "both" else [choice]
+
+
+def check_row(ours: np.ndarray, truth: np.ndarray | None, truth_by: str | None,
+              others: dict[str, np.ndarray]) -> dict | None:
+    """Full-list check of one mode: against the truth, else the first other result given."""
     from spdnn_mpi.driver import compare_categories
-    from spdnn_mpi.engine import run_inference, time_inference
+
+    if truth is not None:
+        return {"against": f"truth ({truth_by})", **compare_categories(ours, np.asarray(truth))}
+    for name, theirs in others.items():
+        return {"against": name, **compare_categories(ours, theirs)}
+    return None
+
+
+def time_mode(args, network, rows, backend, mode: str, set_up_seconds: float) -> dict:
+    """Median of --repeat timed runs in one compression mode, plus its end-to-end time."""
+    import tempfile
+
+    from spdnn_mpi.driver import merge_events
+    from spdnn_mpi.engine import time_inference
+    from spdnn_mpi.formats.tsv_write import write_categories
+    from spdnn_mpi.report import edges_per_second
+
+    median, times, res = time_inference(network, rows, backend, args.repeat, args.batch,
+                                        compress=mode)
+    ours = res.categories()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        write_categories(Path(tmp) / "categories.tsv", ours)
+        write_s = time.perf_counter() - t0
+    nominal = edges_per_second(rows.n_rows, network.edges(), median)
+    computed = res.computed_edges(network) / median if median > 0 else float("inf")
+    return {
+        "compress": mode, "seconds": median, "seconds_all": times,
+        "edges_per_second": nominal, "teraedges_per_second": nominal / 1e12,
+        "computed_edges_per_second": computed, "computed_teraedges_per_second": computed / 1e12,
+        "alive_at_end": int(len(ours)), "input_seconds": res.input_seconds,
+        "end_to_end_seconds": set_up_seconds + res.input_seconds + median + write_s,
+        "live_rows_per_layer": res.live_per_layer.tolist(),
+        "computed_rows_per_layer": res.computed_rows_per_layer.tolist(),
+        "compression": merge_events(res.compression),
+        "_categories": ours,
+    }
+
+
+def simulate_ranks(args, network, rows, backend, mode: str, median: float) -> dict:
+    """Each of P count-balanced partitions in turn on this device: the projected P-rank run."""
+    from spdnn_mpi.comm import partition
+    from spdnn_mpi.engine import run_inference
+    from spdnn_mpi.report import edges_per_second
+
+    bounds = partition(rows.n_rows, args.ranks_sim)
+    part_times = [run_inference(network, rows.slice(int(bounds[p]), int(bounds[p + 1])),
+                                backend, batch=args.batch, compress=mode).seconds
+                  for p in range(args.ranks_sim)]
+    slowest = max(part_times)
+    return {
+        "ranks": args.ranks_sim, "seconds": part_times,
+        "imbalance": slowest / statistics.mean(part_times) if slowest > 0 else 1.0,
+        "projected_seconds": slowest,
+        "projected_speedup": median / slowest if slowest > 0 else float("inf"),
+        "projected_edges_per_second": edges_per_second(rows.n_rows, network.edges(), slowest),
+    }
+
+
+def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_name: str) -> dict:
+    from spdnn_mpi.anchors import anchors_for
+    from spdnn_mpi.driver import compare_categories
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.store import Store
     from spdnn_mpi.report import edges_per_second
@@ -149,24 +220,18 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     t0 = time.perf_counter()
     backend.load_network(network.layers)
     layout_s = time.perf_counter() - t0
-    median, times, res = time_inference(network, rows, backend, args.repeat, args.batch)
+    modes = {m: time_mode(args, network, rows, backend, m, read_s + layout_s)
+             for m in mode_names(args.compress)}
     edges = network.edges()
-    ours = res.categories()
     row = {
         "store": str(store_path), "neurons": n, "layers": n_layers, "images": rows.n_rows,
-        "backend": backend_name, "seconds": median, "seconds_all": times,
-        "edges_per_second": edges_per_second(rows.n_rows, edges, median),
-        "alive_at_end": int(len(ours)), "read_seconds": read_s, "layout_seconds": layout_s,
-        "input_seconds": res.input_seconds,
-        "live_rows_per_layer": res.live_per_layer.tolist(),
-        "backend_info": backend.describe(),
+        "backend": backend_name, "read_seconds": read_s, "layout_seconds": layout_s,
+        "backend_info": backend.describe(), "anchors": anchors_for(n, n_layers),
+        "modes": modes, "peers": {},
     }
-    row["teraedges_per_second"] = row["edges_per_second"] / 1e12
-    if truth is not None:
-        cmp = compare_categories(ours, np.asarray(truth))
-        row["check"] = {"against": f"truth ({truth_by})", **cmp}
     peer_cap = args.peer_max[0] * args.peer_max[1] if args.peer_max else None
-    row["peers"] = {}
+    base = modes.get("off") or modes["auto"]  # peers compute every live row, like off
+    peer_ids: dict[str, np.ndarray] = {}
     for peer in args.peer:
         if peer_cap is not None and n * n_layers > peer_cap:
             row["peers"][peer] = {"skipped": f"N*L above --peer-max {args.peer_max}"}
@@ -177,53 +242,75 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
         except SpdnnError as exc:
             row["peers"][peer] = {"skipped": str(exc)}
             continue
-        agree = compare_categories(ours, np.sort(ids) + 1)
-        row["peers"][peer] = {"seconds": seconds, "speedup": seconds / median,
-                              "agrees": agree["passed"],
+        peer_ids[f"peer {peer}"] = np.sort(ids) + 1
+        agree = all(compare_categories(m["_categories"], peer_ids[f"peer {peer}"])["passed"]
+                    for m in modes.values())
+        row["peers"][peer] = {"seconds": seconds, "speedup": seconds / base["seconds"],
+                              "agrees": agree,
                               "edges_per_second": edges_per_second(rows.n_rows, edges, seconds)}
-        if "check" not in row:
-            row["check"] = {"against": f"peer {peer}", **agree}
-    if args.ranks_sim:
-        bounds = partition(rows.n_rows, args.ranks_sim)
-        part_times = []
-        for p in range(args.ranks_sim):
-            part = rows.slice(int(bounds[p]), int(bounds[p + 1]))
-            part_times.append(run_inference(network, part, backend, batch=args.batch).seconds)
-        slowest = max(part_times)
-        row["ranks_sim"] = {
-            "ranks": args.ranks_sim, "seconds": part_times,
-            "imbalance": slowest / statistics.mean(part_times) if slowest > 0 else 1.0,
-            "projected_seconds": slowest,
-            "projected_speedup": median / slowest if slowest > 0 else float("inf"),
-            "projected_edges_per_second": edges_per_second(rows.n_rows, edges, slowest),
-        }
+    for name, m in modes.items():
+        others = dict(peer_ids)
+        if name == "auto" and "off" in modes:  # bit-exact mode: the same list as off, too
+            others = {"off": modes["off"]["_categories"], **others}
+            m["same_as_off"] = compare_categories(m["_categories"],
+                                                  modes["off"]["_categories"])["passed"]
+        m["check"] = check_row(m["_categories"], truth, truth_by, others)
+        if args.ranks_sim:
+            m["ranks_sim"] = simulate_ranks(args, network, rows, backend, name, m["seconds"])
+    for m in modes.values():
+        del m["_categories"]
     return row
 
 
+def row_failed(row: dict) -> bool:
+    """Any mode's check failed, auto differed from off, or a peer disagreed."""
+    bad = any(m.get("check") and not m["check"]["passed"] for m in row["modes"].values())
+    bad |= any(m.get("same_as_off") is False for m in row["modes"].values())
+    return bad or any(p.get("agrees") is False for p in row["peers"].values())
+
+
 def table(rows: list[dict], peers: list[str]) -> str:
+    """One line per case: both modes side by side, the anchors and our ratio to each."""
     from spdnn_mpi.report import format_table
 
-    headers = ["N", "L", "backend", "time_s", "TE/s", "alive", "check"]
+    headers = ["N", "L", "off_TE/s", "auto_TE/s", "computed", "auto/off", "A100_2020",
+               "off/A100", "SNICIT", "auto/SNICIT", "e2e_s", "alive", "check"]
     for peer in peers:
         headers += [f"{peer}_s", f"x{peer}"]
-    if any("ranks_sim" in r for r in rows):
-        headers += ["sim_P", "imbalance", "proj_speedup"]
+    sim = any("ranks_sim" in m for r in rows for m in r["modes"].values())
+    if sim:
+        headers += ["sim_P", "proj_off", "proj_auto"]
     out = []
     for r in rows:
-        check = r.get("check")
-        line = [r["neurons"], r["layers"], r["backend"], r["seconds"],
-                r["teraedges_per_second"], r["alive_at_end"],
-                "-" if check is None else ("pass" if check["passed"] else "FAIL")]
+        off, auto = r["modes"].get("off"), r["modes"].get("auto")
+        a100, snicit = r["anchors"]["paper_2020_a100"], r["anchors"]["snicit_a6000"]
+        off_t = off["teraedges_per_second"] if off else None
+        auto_t = auto["teraedges_per_second"] if auto else None
+        checks = [m["check"]["passed"] for m in r["modes"].values() if m.get("check")]
+        line = [r["neurons"], r["layers"], off_t, auto_t,
+                auto["computed_teraedges_per_second"] if auto else None,
+                auto_t / off_t if off_t and auto_t else None,
+                a100, off_t / a100 if off_t and a100 else None,
+                snicit, auto_t / snicit if auto_t and snicit else None,
+                (auto or off)["end_to_end_seconds"], (auto or off)["alive_at_end"],
+                "FAIL" if row_failed(r) else ("pass" if checks else "-")]
         for peer in peers:
             pr = r["peers"].get(peer, {})
             line += [pr.get("seconds"), pr.get("speedup")]
             if pr and "agrees" in pr and not pr["agrees"]:
                 line[-1] = "DISAGREE"
-        if "ranks_sim" in r:
-            sim = r["ranks_sim"]
-            line += [sim["ranks"], sim["imbalance"], sim["projected_speedup"]]
+        if sim:
+            sims = [r["modes"].get(m, {}).get("ranks_sim") for m in ("off", "auto")]
+            first = next(s for s in sims if s)
+            line += [first["ranks"]] + [s["projected_speedup"] if s else None for s in sims]
         out.append(line)
-    return format_table(headers, out)
+    legend = ("TE/s: nominal challenge rate (60000 images x all edges / inference time); "
+              "computed: edges actually multiplied / time (auto); off: every live row "
+              "computed; auto: each group of bit-identical rows once. A100_2020 and SNICIT: "
+              "published TE/s (2020 paper, one A100; SNICIT 2023, one RTX A6000). e2e_s: "
+              "store read + layout + inputs + inference + categories file. x<peer>: the "
+              "peer's time over ours (off).")
+    return format_table(headers, out) + "\n" + legend
 
 
 def run(args: argparse.Namespace) -> int:
@@ -245,14 +332,12 @@ def run(args: argparse.Namespace) -> int:
     for path, layers in cases:
         _log(args, f"case {path.name} layers={layers or 'all'} ...")
         results.append(bench_case(args, path, layers, backend, name))
-        r = results[-1]
-        _log(args, f"  {r['seconds']:.4f} s, {r['teraedges_per_second']:.3f} TE/s, "
-                   f"{r['alive_at_end']} alive")
+        for mode, m in results[-1]["modes"].items():
+            _log(args, f"  {mode}: {m['seconds']:.4f} s, {m['teraedges_per_second']:.3f} "
+                       f"TE/s nominal, {m['alive_at_end']} alive")
         if args.json:  # after every case, so a long run that is cut short keeps its results
             write_json(args.json, {"machine": machine_info(), "backend": name,
                                    "argv": sys.argv[1:], "cwd": os.getcwd(),
                                    "results": results})
     print(table(results, args.peer))
-    failed = [r for r in results if r.get("check") and not r["check"]["passed"]]
-    failed += [r for r in results if any(p.get("agrees") is False for p in r["peers"].values())]
-    return 1 if failed else 0
+    return 1 if any(row_failed(r) for r in results) else 0
