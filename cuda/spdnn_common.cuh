@@ -40,6 +40,7 @@
 #define ST_DONE 6         // finished-block counter (last-block pattern)
 #define ST_DID_COMPACT 7  // the last layer was followed by a compaction
 #define ST_COMPACTIONS 8  // compactions so far (reported)
+#define ST_MERGE_ROWS 9   // rows held before the last merge of identical rows
 #define ST_SIZE 16
 
 // Slots of the pointer table (an i64 array on the device). Kernels take the
@@ -106,15 +107,12 @@ __device__ __forceinline__ bool last_block_done(int* state) {
   return s_last;
 }
 
-// Run by all threads of the last block of a layer kernel: count live rows
-// (mask & valid), exclusive prefix of live rows over tiles into tile_base,
-// clear the other parity's masks for the next layer, record the count and
-// decide whether compact_rows should move the survivors.
-__device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
-                           int* live_hist, u64* stamps, int k, int drop_dead) {
+// Run by all threads of one block: exclusive prefix over tiles of the rows
+// set in mask (& valid) into tile_base; returns the total to every thread.
+// Clears next_mask (the other parity, for the next layer) unless it is null.
+__device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int n_tiles,
+                           int n_rows) {
   __shared__ int s_warp[32];
-  const int n_tiles = ld_state(state, ST_TILES);
-  const int n_rows = ld_state(state, ST_ROWS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   int carry = 0;
   for (int base = 0; base < n_tiles; base += blockDim.x) {
@@ -122,7 +120,7 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
     int c = 0;
     if (t < n_tiles) {
       c = __popc(__ldcg(mask + t) & valid_bits(t, n_rows));
-      next_mask[t] = 0u;
+      if (next_mask) next_mask[t] = 0u;
     }
     int x = c;
 #pragma unroll
@@ -146,6 +144,18 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
     carry += s_warp[nwarps - 1];
     __syncthreads();
   }
+  return carry;
+}
+
+// Run by all threads of the last block of a layer kernel: count live rows
+// (mask & valid), exclusive prefix of live rows over tiles into tile_base,
+// clear the other parity's masks for the next layer, record the count and
+// decide whether compact_rows should move the survivors.
+__device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
+                           int* live_hist, u64* stamps, int k, int drop_dead) {
+  const int n_tiles = ld_state(state, ST_TILES);
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int carry = tile_prefix(mask, next_mask, tile_base, n_tiles, n_rows);
   if (threadIdx.x == 0) {
     live_hist[k] = carry;
     const int new_tiles = (carry + 31) / 32;

@@ -76,15 +76,24 @@ __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) 
 // plain load/store loop keeps one load in flight per thread and waits a memory
 // latency per 8 KB (seen on the H200 in the SASS); cp.async issues them all,
 // then waits once.
+// ROWS < 32: only the first ROWS rows of each neuron are held (compressed,
+// converged layers), so only those are copied; the layout stays 32 wide.
+template <int ROWS = 32>
 __device__ __forceinline__ void stage_tile(float* xs, const float* __restrict__ xt, int n_in) {
+  constexpr int Q = ROWS / 4;  // float4 per neuron
   const float4* from = reinterpret_cast<const float4*>(xt);
   float4* to = reinterpret_cast<float4*>(xs);
-  const int n = n_in * 8;  // 8 float4 = 32 rows per neuron
+  const int n = n_in * Q;
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    const int at = Q == 8 ? e : (e / Q) * 8 + e % Q;
 #if SPDNN_CP_ASYNC
-  for (int e = threadIdx.x; e < n; e += blockDim.x) cp_async16(to + e, from + e);
-  cp_async_wait_all();
+    cp_async16(to + at, from + at);
 #else
-  for (int e = threadIdx.x; e < n; e += blockDim.x) to[e] = __ldcg(from + e);
+    to[at] = __ldcg(from + at);
+#endif
+  }
+#if SPDNN_CP_ASYNC
+  cp_async_wait_all();
 #endif
 }
 
@@ -101,8 +110,9 @@ __device__ __forceinline__ void finish_layer(const LayerArgs& a) {
 // quarter-warp reads one 128-byte line per gather (no bank conflicts in
 // shared memory, one L1 wavefront in global memory). One 16-byte load feeds
 // four adds, so address arithmetic no longer competes with the loads for
-// issue slots (docs/performance.md, v5).
-#define ELL_OUTPUTS_PER_STEP 4
+// issue slots (docs/performance.md, v5). When at most ROWS < 32 rows are
+// held (one tile of compressed, converged rows), ROWS / 4 lanes compute an
+// output and a gather reads ROWS * 4 bytes: fewer sectors per input.
 
 template <bool SMEM>
 __device__ __forceinline__ float4 load_rows4(const float* p) {
@@ -123,14 +133,17 @@ __device__ __forceinline__ void add_rows4(float4& acc, const float4 x) {
 #ifndef SPDNN_ELL_BATCH
 #define SPDNN_ELL_BATCH 8  // gathers issued per lane before their adds (H200 sweep: 8 beats 16 and 32)
 #endif
+#ifndef SPDNN_FEW_BATCH
+#define SPDNN_FEW_BATCH 32  // the same with one tile held (FEW): a layer is one latency, not four
+#endif
 
 // Sums of the D inputs of one output for this lane's 4 rows: ip points at the
 // output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows (neuron i
 // at xq + 32 i). Adds run in CSR order, one accumulator per row.
 
-template <int D, bool SMEM>
+template <int D, bool SMEM, int BATCH>
 __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, const float* xq) {
-  constexpr int B = D < SPDNN_ELL_BATCH ? D : SPDNN_ELL_BATCH;
+  constexpr int B = D < BATCH ? D : BATCH;
   static_assert(B % 8 == 0 && D % B == 0, "degree must be a multiple of the batch");
   uint4 iv[D / 8];
 #pragma unroll
@@ -167,17 +180,19 @@ __device__ __forceinline__ u32 store_rows4(float4 acc, int j, const LayerArgs& a
 // tile once: staged once (SMEM), its alive bits ORed once per warp. Output
 // slot s computes output out_ids[s] (the host's locality order: slots that
 // read the same inputs are neighbours, so their gathers hit in L1).
-template <int D, bool SMEM>
+template <int D, bool SMEM, int ROWS, bool FEW>
 __device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restrict__ idx,
                                           const int* __restrict__ out_ids, float* xs) {
+  constexpr int LANES = ROWS / 4;  // lanes per output
+  constexpr int OUTPUTS_PER_STEP = 32 / LANES;
   const int n_tiles = ld_state(a.state, ST_TILES);
   const int sel = ld_state(a.state, ST_SEL);
   const float* src = sel ? a.buf1 : a.buf0;
   float* dst = sel ? a.buf0 : a.buf1;
   u32* mask = a.masks + (a.k & 1) * a.max_tiles;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int g = lane >> 3, r4 = (lane & 7) * 4;
-  const int n_steps = (a.n_out + ELL_OUTPUTS_PER_STEP - 1) / ELL_OUTPUTS_PER_STEP;
+  const int g = lane / LANES, r4 = (lane % LANES) * 4;
+  const int n_steps = (a.n_out + OUTPUTS_PER_STEP - 1) / OUTPUTS_PER_STEP;
   const i64 n_units = (i64)n_tiles * n_steps;
   const i64 per_block = (n_units + gridDim.x - 1) / gridDim.x;
   const i64 u_end = min(n_units, (i64)blockIdx.x * per_block + per_block);
@@ -190,7 +205,7 @@ __device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restr
     const float* xq;
     if constexpr (SMEM) {
       __syncthreads();  // the previous tile's readers are done with xs
-      stage_tile(xs, src + t * a.tstride, a.n_in);
+      stage_tile<ROWS>(xs, src + t * a.tstride, a.n_in);
       __syncthreads();
       xq = xs + r4;
     } else {
@@ -199,9 +214,10 @@ __device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restr
     float* out = dst + t * a.tstride + r4;
     u32 alive = 0u;
     for (int c = c0 + warp; c < c1; c += nwarps) {
-      const int s = c * ELL_OUTPUTS_PER_STEP + g;
+      const int s = c * OUTPUTS_PER_STEP + g;
       if (s < a.n_out) {
-        const float4 acc = gather_rows4<D, SMEM>(idx4 + (i64)s * (D / 8), xq);
+        const float4 acc = gather_rows4<D, SMEM, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
+            idx4 + (i64)s * (D / 8), xq);
         alive |= store_rows4(acc, __ldg(out_ids + s), a, out) << r4;
       }
     }
@@ -211,21 +227,23 @@ __device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restr
 }
 
 // Whole 32-row tiles staged in shared memory (n_in * 128 bytes, N <= 1792 on an H100/H200).
-template <int D>
+// ROWS: rows computed per tile (32; 16 or 8 once at most that many are held).
+// FEW: at most one tile is held (few blocks, each lane's gathers all in flight).
+template <int D, int ROWS, bool FEW>
 __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
     layer_ell_smem(LAYER_PARAMS, const u16* __restrict__ idx, const int* __restrict__ out_ids) {
   LAYER_ARGS;
   extern __shared__ float4 xs4[];
-  ell_layer<D, true>(a, idx, out_ids, reinterpret_cast<float*>(xs4));
+  ell_layer<D, true, ROWS, FEW>(a, idx, out_ids, reinterpret_cast<float*>(xs4));
   finish_layer(a);
 }
 
 // Gathers through L1/L2 (any n_in up to 65536).
-template <int D>
+template <int D, int ROWS, bool FEW>
 __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     layer_ell_global(LAYER_PARAMS, const u16* __restrict__ idx, const int* __restrict__ out_ids) {
   LAYER_ARGS;
-  ell_layer<D, false>(a, idx, out_ids, nullptr);
+  ell_layer<D, false, ROWS, FEW>(a, idx, out_ids, nullptr);
   finish_layer(a);
 }
 
@@ -263,7 +281,7 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     if (threadIdx.x == 0) s_alive = 0u;
     const float* xt;
     if (SMEM) {
-      stage_tile(xs, src + t * a.tstride, a.n_in);
+      stage_tile<32>(xs, src + t * a.tstride, a.n_in);
       xt = xs + lane;
     } else {
       xt = src + t * a.tstride + lane;

@@ -73,7 +73,7 @@ class Backend(Protocol):
         """
 
     def live_count(self) -> int:
-        """Rows alive now (may synchronise; the engine calls it only for progress)."""
+        """Rows alive now (may synchronise; for progress, and at due compression checks)."""
 
     def finish(self, want_features: bool) -> BatchResult:
         """Wait for the batch and return the surviving rows."""
@@ -169,7 +169,8 @@ def run_inference(
         for k in range(n_layers):
             backend.run_layer(k, drop[k + 1])
             if comp is not None and k + 1 < n_layers and is_checkpoint(k + 1):
-                if comp.wants_check(k + 1):
+                if comp.due(k + 1) and comp.wants_check(k + 1, backend.live_count(),
+                                                        network.layers[k].n_out):
                     comp.record(k + 1, backend.merge_duplicate_rows())
                 else:
                     backend.flush()

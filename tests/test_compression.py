@@ -72,7 +72,7 @@ def test_duplicated_inputs_merge_and_match(name, batch):
     np.testing.assert_allclose(auto.features, feats, rtol=1e-5, atol=1e-6)
     assert 0 < len(ids) < rows.n_rows
     first = [b[0] for b in auto.compression if b]
-    assert first and all(e["representatives"] < e["rows"] for e in first)
+    assert first and any(e["representatives"] < e["rows"] for e in first)
     assert auto.computed_edges(net) < off.computed_edges(net)
 
 
@@ -106,12 +106,13 @@ def test_rows_that_never_collapse_pay_few_checks(name):
     assert len(off.alive_ids) == len(np.unique(rows.to_dense(), axis=0)) == 80
     events = auto.compression[0]
     assert all(e["representatives"] == e["rows"] for e in events)
-    assert len(events) <= 9  # gaps double when a check finds nothing: 1 2 4 ... 128
+    # gaps double when a check finds nothing: 4 8 12 20 64 96 160
+    assert [e["layer"] for e in events] == [4, 8, 12, 20, 64, 96, 160]
 
 
 def test_checkpoints_do_not_depend_on_data():
     points = [k for k in range(1, 200) if is_checkpoint(k)]
-    assert points[:4] == [1, 2, 3, 4] and 64 in points and 96 in points and 65 not in points
+    assert points[:3] == [2, 4, 8] and 64 in points and 96 in points and 65 not in points
 
 
 def test_compressor_resolves_chains_and_weights():
@@ -134,7 +135,7 @@ def test_hash_collisions_never_merge_different_rows(monkeypatch):
     from spdnn_mpi.backends import cpu_kernels
 
     rng = np.random.default_rng(4)
-    net = random_network(rng, [40, 40, 40, 40, 40], 0.3, bias="vector")
+    net = random_network(rng, [40] * 9, 0.3, bias="vector")
     rows = duplicated_rows(rng, 30, 4, 40, binary=False)
     off = run(net, rows, "cpu", "off")
     monkeypatch.setattr(cpu_kernels, "row_hashes",
@@ -172,6 +173,21 @@ def test_gap_is_bounded():
     for k in range(1, 40):
         c.record(k, RowGroups(10, np.arange(10), np.zeros(0, int), np.zeros(0, int)))
     assert c._gap == MAX_GAP
+
+
+def test_no_check_while_rows_die_fast():
+    c = Compressor(1000)
+    assert c.due(2) and not c.wants_check(2, 1000)  # first sample: the baseline
+    assert not c.wants_check(4, 500)  # halving in two layers: still dying
+    assert not c.wants_check(8, 300)
+    assert c.wants_check(12, 299)  # now steady
+    assert not Compressor(5).wants_check(2, 0) and not c.wants_check(16, 0)
+    big = Compressor(5000)
+    big.wants_check(12, 4128, 65536)
+    assert big.wants_check(16, 3192, 65536)  # 6 % a layer, but each layer is expensive
+    small = Compressor(5000)
+    small.wants_check(12, 4128, 1024)
+    assert not small.wants_check(16, 3192, 1024)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,7 +5,8 @@
 # is printed last; logs and JSON go to $OUT (or /tmp/spdnn_device).
 #
 #   bash tools/device_run.sh                    # everything
-#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep locality
+#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
+#                                               # locality compress
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
 # harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
@@ -86,6 +87,19 @@ if [[ $steps == *sweep* ]]; then
   fi
 fi
 
+if [[ $steps == *compress* ]]; then
+  # Compression off and auto on the same networks and inputs (harness in
+  # spdnn_mpi.peers.gpu: networks built in memory, no truth): categories of
+  # auto must equal off's, and off's the cuSPARSE peer's up to COMPRESS_PEER_MAX.
+  configs="${COMPRESS_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x1920 --config 16384x1920}"
+  # shellcheck disable=SC2086
+  timeout "${COMPRESS_TIMEOUT:-300}" python3 -m spdnn_mpi.peers.gpu $configs \
+    ${COMPRESS_VARIANTS:---variant auto} --compress off \
+    --compress auto --repeat 3 --peer cusparse --peer-max "${COMPRESS_PEER_MAX:-7864320}" \
+    --json "$out/compress.json" > "$out/compress.log" 2>&1
+  note "compress rc=$?"
+fi
+
 if [[ $steps == *locality* ]]; then
   # What the locality order of outputs is worth: the same configurations with
   # the natural order (identity) in place of cuda_layout.locality_order.
@@ -114,7 +128,7 @@ fi
 echo
 printf '%s\n' "${summary[@]}"
 [[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
-for f in sweep_old sweep locality_off; do
+for f in sweep_old sweep locality_off compress; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f"; grep -E '^  |^#' "$out/$f.log"; }
 done
 [[ -f "$out/bench_challenge.log" ]] && grep -A 14 -E '^ +N +L' "$out/bench_challenge.log"

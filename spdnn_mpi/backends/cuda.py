@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
 #: State slots, mirrored from cuda/spdnn_common.cuh.
 ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
-ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
+ST_DID_COMPACT, ST_COMPACTIONS, ST_NEW_ROWS, ST_SIZE = 7, 8, 5, 16
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
 P_SIZE = 8
 
@@ -35,6 +36,7 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_SMEM_THREADS": 512,
     "SPDNN_GLOBAL_THREADS": 256,
     "SPDNN_ELL_BATCH": 8,
+    "SPDNN_FEW_BATCH": 32,
     "SPDNN_CSR_WARP_OUTPUTS": 8,
     "SPDNN_CSR_ITEMS_PER_BLOCK": 1,
     "SPDNN_COMPACT_DIV": 10,
@@ -76,7 +78,8 @@ def kernel_names(degrees: set[int]) -> list[str]:
     """Every instantiation for these degrees (plus 32), so one module serves most networks."""
     names = ["scatter_rows<u16>", "scatter_rows<int>"]
     for d in sorted(degrees | {32}):
-        names += [f"layer_ell_smem<{d}>", f"layer_ell_global<{d}>"]
+        names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
+                  for rows in (0, *lay.ELL_ROWS)]
     for smem in ("true", "false"):
         for vals in ("true", "false"):
             for itype in ("u16", "int"):
@@ -88,6 +91,7 @@ class CudaBackend:
     """The engine's backend on one NVIDIA GPU (see ``engine.Backend``)."""
 
     name = "cuda"
+    tile_rows = lay.TILE_ROWS
 
     def __init__(
         self,
@@ -136,6 +140,9 @@ class CudaBackend:
         self._peak = 0
         self._info: dict = {}
         self._batch_live: list[int] = []
+        self._merge_cap = 0
+        self._held = 0  # > 0: at most this many rows (one tile) held since a merge
+        self._merging = False  # merges ran: graphs are captured in both forms
 
     # -- helpers -------------------------------------------------------------
     def _track_peak(self) -> None:
@@ -163,6 +170,9 @@ class CudaBackend:
         compile_s = time.perf_counter() - t_compile
         self._compact = self._mod.get_function("compact_rows")
         self._stamp = self._mod.get_function("stamp")
+        self._merge_k = {name: self._mod.get_function(name) for name in
+                         ("row_hashes", "group_heads", "compare_heads", "mark_reps", "plan_reps",
+                          "emit_groups")}
         self._scatter = {
             "u16": self._mod.get_function("scatter_rows<u16>"),
             "int": self._mod.get_function("scatter_rows<int>"),
@@ -182,6 +192,20 @@ class CudaBackend:
                 else:
                     threads = self._defines["SPDNN_GLOBAL_THREADS"]
                 grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
+                small = {}  # rows held (one tile at most) -> (kernel, grid)
+                for rows in lay.ELL_ROWS:
+                    k_rows = kern
+                    if plan.is_ell:
+                        k_rows = self._mod.get_function(lay.ell_kernel(plan.kind, plan.degree,
+                                                                       rows))
+                        if plan.smem_bytes > 48 * 1024:
+                            k_rows.max_dynamic_shared_size_bytes = plan.smem_bytes
+                    # ~16 output steps per block: a staged tile serves 16 warps; through
+                    # L1/L2 at least one block per SM, as many as the work fills
+                    steps = -(-layer.n_out // (128 // rows))
+                    g = (max(1, min(grid, steps // 16)) if plan.kind == "smem32"
+                         else min(grid, max(self.sms, -(-steps // 16))))
+                    small[rows] = (k_rows, g)
                 keep: list = []  # device arrays the launch arguments point to
                 if plan.is_ell:
                     extra: tuple = lay.ell_layout(layer, cp)
@@ -206,7 +230,8 @@ class CudaBackend:
                 clip = np.float32(np.inf if layer.clip is None else layer.clip)
                 layout_bytes += sum(int(a.nbytes) for a in keep)
                 self._layers.append({
-                    "plan": plan, "kern": kern, "grid": grid, "threads": threads,
+                    "plan": plan, "kern": kern, "grid": grid, "small": small,
+                    "threads": threads,
                     "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
                     "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
                              bias_v, clip),
@@ -297,6 +322,7 @@ class CudaBackend:
             self._state.set(state, stream=self._stream)
             self._stamp((1,), (32,), (self._stamps, np.int32(0)))
         self._pending = []
+        self._held = 0
         self._track_peak()
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
@@ -309,13 +335,18 @@ class CudaBackend:
         self._pending.append((k, bool(drop_dead)))
         self._layers_run = k + 1
 
-    def _launch(self, k: int, drop_dead: bool) -> None:
+    def _launch(self, k: int, drop_dead: bool, held: int) -> None:
+        """One layer (and its compaction). ``held`` > 0: at most that many rows
+        (one tile) are held, so a few blocks compute only those rows and nothing
+        is compacted (dead rows stay zero, which is exact)."""
         L = self._layers[k]
         kk = np.int32(k)
+        drop = drop_dead and not held
         args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
-                np.int32(1 if drop_dead else 0), *L["extra"])
-        L["kern"]((L["grid"],), (L["threads"],), args, shared_mem=L["plan"].smem_bytes)
-        if drop_dead:
+                np.int32(1 if drop else 0), *L["extra"])
+        kern, grid = L["small"][held] if held else (L["kern"], L["grid"])
+        kern((grid,), (L["threads"],), args, shared_mem=L["plan"].smem_bytes)
+        if drop:
             self._compact((self.sms * 8,), (256,),
                           (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
 
@@ -325,37 +356,104 @@ class CudaBackend:
             return
         todo, self._pending = tuple(self._pending), []
         with self._dev, self._stream:
-            graph = self._graphs.get(todo) if self._graphs_on else None
+            graph = self._graphs.get((todo, self._held)) if self._graphs_on else None
             if graph is None and self._graphs_on:
-                graph = self._capture(todo)
+                graph = self._capture(todo, self._held)
+                # every form at once while merging: a warm-up that ends with another
+                # number of rows than the timed run then leaves nothing to capture there
+                for held in (0, *lay.ELL_ROWS) if self._merging else ():
+                    if held != self._held:
+                        self._capture(todo, held)
             if graph is not None:
                 graph.launch(stream=self._stream)
                 return
             for k, drop in todo:
-                self._launch(k, drop)
+                self._launch(k, drop, self._held)
 
-    def _capture(self, todo: tuple):
+    def _capture(self, todo: tuple, held: int):
         """Capture ``todo`` into a graph; on any failure turn graphs off and say why."""
         stream = self._stream
         try:
             stream.begin_capture()
             try:
                 for k, drop in todo:
-                    self._launch(k, drop)
+                    self._launch(k, drop, held)
             finally:
                 graph = stream.end_capture()
         except Exception as exc:  # CuPy without graphs, or a capture rule broken
             self._graphs_on = False
             self._graph_note = f"off ({type(exc).__name__}: {exc})"
             return None
-        if len(self._graphs) > 64:
+        if len(self._graphs) > 4096:  # compression cuts a 1920-layer run into ~70 pieces
             self._graphs.clear()
-        self._graphs[todo] = graph
+        self._graphs[(todo, held)] = graph
         return graph
 
     def synchronize(self) -> None:
         """Wait for everything queued on this backend's stream."""
         self._stream.synchronize()
+
+    def flush(self) -> None:
+        """Launch the queued layers (a cached graph per piece); returns at once."""
+        self._flush()
+
+    def _merge_buffers(self, n: int):
+        """Scratch arrays of the merge, grown to ``n`` slots and kept."""
+        cp = self._cp
+        if n > self._merge_cap:
+            cap = max(n, 2 * self._merge_cap)
+            with self._dev:
+                self._mb = {"keys": cp.empty(cap, dtype=np.uint64),
+                            "head": cp.empty(cap, dtype=np.int32),
+                            "owner": cp.empty(cap, dtype=np.int32),
+                            "differs": cp.empty(-(-cap // 32), dtype=np.uint32),
+                            "out": cp.empty(2 * cap + 1, dtype=np.int32)}
+            self._merge_cap = cap
+        return self._mb
+
+    def merge_duplicate_rows(self) -> RowGroups:
+        """Hash the held rows, sort the hashes, compare exactly, compact the
+        representatives; only their positions travel to the host (one copy)."""
+        cp = self._cp
+        self._flush()
+        self._merging = True
+        k = self._layers_run - 1
+        width = self._layers[k]["n_out"]
+        mk = self._merge_k
+        with self._dev, self._stream:
+            n = int(self._state[ST_ROWS].get())  # after the queued layers
+            if n == 0:
+                empty = np.zeros(0, np.int64)
+                return RowGroups(0, empty, empty, empty)
+            mb = self._merge_buffers(n)
+            keys = mb["keys"][:n]
+            keys.fill(0)
+            mb["differs"][: -(-n // 32)].fill(0)
+            chunked = -(-n // 32) * -(-width // 256)  # warps of the (tile, chunk) kernels
+            grid = (max(1, min(-(-chunked // 8), self.sms * 16)),)
+            slots = (max(1, min(-(-n // 256), self.sms * 8)),)
+            mk["row_hashes"](grid, (256,), (self._ptrs, self._state, np.int32(width), keys))
+            order = cp.argsort(keys)  # stable: a run's first slot is its smallest
+            mk["group_heads"](slots, (256,), (keys, order, np.int32(n), mb["head"]))
+            mk["compare_heads"](grid, (256,), (self._ptrs, self._state, np.int32(width),
+                                               mb["head"], mb["differs"]))
+            mk["mark_reps"](slots, (256,), (self._state, mb["head"], mb["differs"],
+                                            self._masks[k & 1], mb["owner"]))
+            mk["plan_reps"]((1,), (512,), (self._ptrs, self._state, self._stamps, np.int32(k),
+                                           mb["out"]))
+            mk["emit_groups"](slots, (256,), (self._ptrs, self._state, np.int32(k), mb["owner"],
+                                              mb["out"]))
+            self._compact((self.sms * 8,), (256,),
+                          (self._ptrs, np.int32(width), self._state, self._stamps, np.int32(k)))
+            out = mb["out"][: 2 * n + 1].get().astype(np.int64)
+        reps = int(out[0])
+        kept = out[1 : 1 + reps]
+        members = out[1 + reps : 1 + n]
+        owners = out[1 + n : 1 + 2 * n - reps]
+        if reps <= lay.TILE_ROWS:  # one tile from here on: few rows, small grids
+            self._held = lay.rows_bucket(max(1, reps))
+        self._track_peak()
+        return RowGroups(n, kept, members, owners)
 
     def live_count(self) -> int:
         """Rows alive after the last layer run (waits for the device)."""

@@ -21,7 +21,7 @@ from spdnn_mpi.model import Layer
 
 #: The kernel sources, compiled together as one NVRTC program.
 KERNEL_HEADERS = ("spdnn_common.cuh",)
-KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_rows.cu")
+KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_rows.cu", "spdnn_merge.cu")
 
 #: Rows per feature tile (one warp, one lane per row).
 TILE_ROWS = 32
@@ -97,6 +97,21 @@ class LayerPlan:
 
 #: Kinds of the fixed-degree kernels, and the variants a user may force.
 ELL_KINDS = ("smem32", "global")
+#: Rows an ELL kernel computes per tile: all 32, or (one tile of compressed,
+#: converged rows held) only the first 16 or 8, reading fewer bytes per input.
+ELL_ROWS = (32, 16, 8)
+
+
+def ell_kernel(kind: str, degree: int, rows: int = 0) -> str:
+    """NVRTC name of the ELL kernel of ``kind`` for ``degree`` inputs: the whole-tile
+    form (``rows`` 0), or the form for at most ``rows`` rows held in one tile."""
+    base = "layer_ell_smem" if kind == "smem32" else "layer_ell_global"
+    return f"{base}<{degree},{rows or 32},{'true' if rows else 'false'}>"
+
+
+def rows_bucket(rows: int) -> int:
+    """Fewest rows of ``ELL_ROWS`` that hold ``rows`` (at most one tile)."""
+    return min(r for r in ELL_ROWS if r >= rows)
 VARIANTS = ("auto", "smem32", "global", "csr")
 
 
@@ -130,8 +145,8 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
     if ell_ok and variant != "csr":
         # Measured on the H200 (docs/performance.md): the staged tile wins where it fits.
         if fits32 and variant in ("auto", "smem32"):
-            return LayerPlan("smem32", f"layer_ell_smem<{d}>", d, tile_bytes)
-        return LayerPlan("global", f"layer_ell_global<{d}>", d, 0)
+            return LayerPlan("smem32", ell_kernel("smem32", d), d, tile_bytes)
+        return LayerPlan("global", ell_kernel("global", d), d, 0)
     vals = "true" if layer.values is not None else "false"
     itype = "u16" if np.dtype(layer.indices.dtype) == np.uint16 else "int"
     if fits32:

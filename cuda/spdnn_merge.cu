@@ -1,0 +1,169 @@
+// Merging bit-identical rows on the device (exact activation compression).
+//
+// A row that equals another bit for bit stays equal through every later
+// layer, so only one of them needs computing. Steps, all on the device:
+//   row_hashes      a 64-bit hash per held row (candidates only);
+//   (the host sorts the hashes: cupy.argsort, stable);
+//   group_heads     the first slot of each run of equal hashes;
+//   compare_heads   exact comparison of each row with its run's first row,
+//                   chunk by chunk of neurons (many warps in flight);
+//   mark_reps       a row is merged only when every 32-bit word was equal;
+//   plan_reps       prefix of the representatives over tiles, the decision;
+//   emit_groups     the (member, owner) positions the host maps back;
+//   compact_rows    (spdnn_rows.cu) moves the representatives into dense tiles.
+#include "spdnn_common.cuh"
+
+#ifndef SPDNN_MERGE_COLLIDE
+#define SPDNN_MERGE_COLLIDE 0  // tests: every row hashes alike; only the exact comparison decides
+#endif
+#define MERGE_CHUNK 256  // neurons hashed or compared by one warp (chunk hashes are summed)
+#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_PRIME 0x100000001b3ull
+
+__device__ __forceinline__ u64 splitmix64(u64 x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ const float* current_features(const i64* ptrs, const int* state) {
+  return reinterpret_cast<const float*>(ptrs[ld_state(state, ST_SEL) ? P_BUF1 : P_BUF0]);
+}
+
+// keys[s] += mix(FNV-1a of the 32-bit words of slot s over one chunk, chunk).
+// One warp per (tile, chunk); keys must be zero on entry.
+extern "C" __global__ void __launch_bounds__(256)
+    row_hashes(const i64* ptrs, const int* state, int width, u64* keys) {
+  const u32* buf = reinterpret_cast<const u32*>(current_features(ptrs, state));
+  const i64 tstride = ptrs[P_TSTRIDE];
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int n_tiles = (n_rows + 31) / 32;
+  const int n_chunks = (width + MERGE_CHUNK - 1) / MERGE_CHUNK;
+  const int lane = threadIdx.x & 31;
+  const i64 nw = (i64)(blockDim.x >> 5) * gridDim.x;
+  for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       w < (i64)n_tiles * n_chunks; w += nw) {
+    const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
+    const u32* row = buf + t * tstride + lane;
+    const int i1 = min(width, (c + 1) * MERGE_CHUNK);
+    u64 h = FNV_OFFSET;
+#pragma unroll 8
+    for (int i = c * MERGE_CHUNK; i < i1; ++i) h = (h ^ __ldcg(row + (i64)i * 32)) * FNV_PRIME;
+    const int s = t * 32 + lane;
+    const u64 mixed = SPDNN_MERGE_COLLIDE ? 0ull : splitmix64(h ^ (u64)c * 0x9e3779b97f4a7c15ull);
+    if (s < n_rows) atomicAdd(keys + s, mixed);
+  }
+}
+
+// head[order[i]] = order[first i' with the same key]: the smallest slot of its
+// run, as the sort is stable. Binary search over the sorted keys.
+extern "C" __global__ void group_heads(const u64* keys, const i64* order, int n, int* head) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const u64 key = keys[order[i]];
+    int lo = 0, hi = i;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (keys[order[mid]] < key) lo = mid + 1; else hi = mid;
+    }
+    head[order[i]] = (int)order[lo];
+  }
+}
+
+// One warp per (tile, chunk of neurons): lane s compares its row with row
+// head[s] word by word over the chunk and sets its bit in differs[t] on any
+// difference. differs must be zero on entry.
+extern "C" __global__ void __launch_bounds__(256)
+    compare_heads(const i64* ptrs, const int* state, int width, const int* head, u32* differs) {
+  const u32* buf = reinterpret_cast<const u32*>(current_features(ptrs, state));
+  const i64 tstride = ptrs[P_TSTRIDE];
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int n_tiles = (n_rows + 31) / 32;
+  const int n_chunks = (width + MERGE_CHUNK - 1) / MERGE_CHUNK;
+  const int lane = threadIdx.x & 31;
+  const i64 nw = (i64)(blockDim.x >> 5) * gridDim.x;
+  for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       w < (i64)n_tiles * n_chunks; w += nw) {
+    const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
+    const int s = t * 32 + lane;
+    const int h = s < n_rows ? head[s] : s;
+    if (!__any_sync(0xffffffffu, h != s)) continue;
+    const u32* mine = buf + t * tstride + lane;
+    const u32* theirs = buf + (i64)(h >> 5) * tstride + (h & 31);
+    const int i1 = min(width, (c + 1) * MERGE_CHUNK);
+    bool differ = false;
+    if (h != s) {
+#pragma unroll 8
+      for (int i = c * MERGE_CHUNK; i < i1; ++i) {
+        differ |= __ldcg(mine + (i64)i * 32) != __ldcg(theirs + (i64)i * 32);
+      }
+    }
+    const u32 bits = __ballot_sync(0xffffffffu, differ);
+    if (lane == 0 && bits) atomicOr(differs + t, bits);
+  }
+}
+
+// One thread per slot: representatives (first of a run, or not equal to it)
+// get their bit in mask; owner[s] is the slot whose results s takes.
+extern "C" __global__ void mark_reps(const int* state, const int* head, const u32* differs,
+                                     u32* mask, int* owner) {
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int n_tiles = (n_rows + 31) / 32;
+  const int lane = threadIdx.x & 31;
+  for (int base = blockIdx.x * blockDim.x; base < n_tiles * 32; base += blockDim.x * gridDim.x) {
+    const int s = base + threadIdx.x;
+    const bool real = s < n_rows;
+    const int h = real ? head[s] : s;
+    const bool merged = real && h != s && !((differs[s >> 5] >> lane) & 1u);
+    const u32 reps = __ballot_sync(0xffffffffu, real && !merged);
+    if (lane == 0 && s < n_tiles * 32) mask[s >> 5] = reps;
+    if (real) owner[s] = merged ? h : s;
+  }
+}
+
+// One block: representatives' prefix over tiles (tile_base), and the plan
+// compact_rows follows. compact_rows reads the layer output from the buffer
+// that is not ST_SEL, so the current buffer is named that way first.
+extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, int k, int* out) {
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int n_tiles = (n_rows + 31) / 32;
+  const u32* mask = reinterpret_cast<const u32*>(ptrs[P_MASKS]) + (k & 1) * ptrs[P_MAX_TILES];
+  int* tile_base = reinterpret_cast<int*>(ptrs[P_TILE_BASE]);
+  const int reps = tile_prefix(mask, nullptr, tile_base, n_tiles, n_rows);
+  if (threadIdx.x == 0) {
+    state[ST_MERGE_ROWS] = n_rows;
+    state[ST_NEW_ROWS] = reps;
+    out[0] = reps;
+    const int merge = reps < n_rows;
+    state[ST_DO_COMPACT] = merge;
+    if (merge) state[ST_SEL] ^= 1;
+    stamps[k + 1] = global_ns();
+  }
+}
+
+// Positions for the host, before compaction moves them, in one array (one
+// copy to the host): out = [reps, kept[reps], members[n - reps], owners[n - reps]].
+extern "C" __global__ void __launch_bounds__(256)
+    emit_groups(const i64* ptrs, const int* state, int k, const int* owner, int* out) {
+  const int* pos = reinterpret_cast<const int*>(ptrs[ld_state(state, ST_POS_SEL) ? P_POS1
+                                                                                 : P_POS0]);
+  const u32* mask = reinterpret_cast<const u32*>(ptrs[P_MASKS]) + (k & 1) * ptrs[P_MAX_TILES];
+  const int* tile_base = reinterpret_cast<const int*>(ptrs[P_TILE_BASE]);
+  const int n_rows = ld_state(state, ST_MERGE_ROWS);
+  const int reps = ld_state(state, ST_NEW_ROWS);
+  int* kept = out + 1;
+  int* members = kept + reps;
+  int* owners = members + (n_rows - reps);
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n_rows; s += blockDim.x * gridDim.x) {
+    const int t = s >> 5, lane = s & 31;
+    const u32 m = mask[t];
+    const int rep_rank = tile_base[t] + __popc(m & ((1u << lane) - 1u));
+    if ((m >> lane) & 1u) {
+      kept[rep_rank] = pos[s];
+    } else {
+      const int r = s - rep_rank;
+      members[r] = pos[s];
+      owners[r] = pos[owner[s]];
+    }
+  }
+}

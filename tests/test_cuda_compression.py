@@ -1,0 +1,144 @@
+"""Exact compression on the CUDA backend (GPU tests): ``auto`` bit for bit equal to ``off``.
+
+Networks where rows collapse (duplicated inputs, saturating layers, the real
+network) and where they never do, on every kernel kind, with batching, with
+CUDA graphs on and off, and with every hash forced equal so that only the
+exact comparison decides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import challenge_dir, random_inputs, random_network
+from test_compression import duplicated_rows, saturating
+from test_cuda import CUDA_OK, CUDA_WHY
+
+from spdnn_mpi.engine import run_inference
+from spdnn_mpi.model import Layer, Network
+from spdnn_mpi.reference import reference_infer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
+
+
+def _backend(**kw):
+    from spdnn_mpi.backends.cuda import CudaBackend
+
+    return CudaBackend(**kw)
+
+
+def _both(net, rows, batch=None, **kw):
+    """(off, auto) on fresh CUDA backends, features included."""
+    out = []
+    for mode in ("off", "auto"):
+        backend = _backend(**kw)
+        backend.load_network(net.layers)
+        out.append(run_inference(net, rows, backend, batch=batch, want_features=True,
+                                 compress=mode))
+    return out
+
+
+def _assert_exact(net, rows, off, auto):
+    np.testing.assert_array_equal(off.alive_ids, auto.alive_ids)
+    np.testing.assert_array_equal(off.features.view(np.uint32), auto.features.view(np.uint32))
+    ids, feats = reference_infer(net, rows)
+    np.testing.assert_array_equal(auto.alive_ids, ids)
+    np.testing.assert_allclose(auto.features, feats, rtol=1e-5, atol=1e-5)
+
+
+def _uniform_saturating(rng, width, n_layers, degree=32):
+    layers = []
+    for _ in range(n_layers):
+        idx = np.sort(np.stack([rng.choice(width, degree, replace=False) for _ in range(width)]),
+                      axis=1)
+        indptr = np.arange(0, width * degree + 1, degree, dtype=np.int64)
+        layers.append(Layer(width, width, indptr, idx.ravel().astype(np.uint16), None, 1 / 16,
+                            -0.3, 32.0))
+    return Network(layers)
+
+
+@pytest.mark.parametrize("variant", ["auto", "global", "csr"])
+@pytest.mark.parametrize("batch", [None, 333])
+def test_duplicated_inputs(variant, batch):
+    rng = np.random.default_rng(11)
+    net = random_network(rng, [96] * 10, 0.2, bias="vector")
+    for layer in net.layers:
+        layer.bias = np.minimum(layer.bias_vector(), 0)
+    rows = duplicated_rows(rng, 300, 5, 96, binary=False)
+    off, auto = _both(net, rows, batch, variant=variant)
+    _assert_exact(net, rows, off, auto)
+    assert any(e["representatives"] < e["rows"] for b in auto.compression for e in b)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_saturating_layers_collapse(graphs):
+    rng = np.random.default_rng(12)
+    net = saturating(rng, 128, 70)
+    rows = random_inputs(rng, 2000, 128, 0.3, binary=False)
+    off, auto = _both(net, rows, graphs=graphs)
+    _assert_exact(net, rows, off, auto)
+    assert auto.compression[0][-1]["representatives"] <= 32
+    assert auto.computed_edges(net) < off.computed_edges(net) / 3
+
+
+@pytest.mark.parametrize("width", [512, 3000])  # staged tiles, and gathers through L2
+def test_uniform_challenge_values_collapse_with_every_hash_equal(width):
+    rng = np.random.default_rng(width)
+    net = _uniform_saturating(rng, width, 40)
+    rows = random_inputs(rng, 1500, width, 0.3)
+    off, auto = _both(net, rows, defines={"SPDNN_MERGE_COLLIDE": 1})
+    # a merge trusting the (all equal) hashes would fold every row into one
+    _assert_exact(net, rows, off, auto)
+    assert auto.compression[0] and 0 < len(off.alive_ids) < rows.n_rows
+
+
+def test_rows_that_never_collapse():
+    rng = np.random.default_rng(13)
+    layers = []
+    for _ in range(100):  # permutations: rows never meet, never die
+        perm = rng.permutation(64)
+        layers.append(Layer.from_coo(perm, np.arange(64), np.ones(64), 64, 64, bias=0.0))
+    net = Network(layers)
+    rows = random_inputs(rng, 500, 64, 0.4, binary=False)
+    off, auto = _both(net, rows)
+    _assert_exact(net, rows, off, auto)
+    assert all(e["representatives"] == e["rows"] for e in auto.compression[0])
+
+
+def test_real_1024_network_with_digit_inputs():
+    from spdnn_mpi.formats.tsv_tree import iter_layers
+    from spdnn_mpi.generators.digits import digit_images
+
+    folder = challenge_dir() / "neuron1024"
+    if not folder.is_dir():
+        pytest.skip(f"official 1024 network not found in {folder}")
+    net = Network(list(iter_layers(folder, 1024, 120, bias=-0.3, clip=32.0)))
+    rows = digit_images(1024, 6000)
+    off, auto = _both(net, rows)
+    _assert_exact(net, rows, off, auto)
+    last = auto.compression[0][-1]
+    assert last["representatives"] <= 32 and last["images"] >= len(auto.alive_ids) > 0
+
+
+@pytest.mark.parametrize("width", [512, 3000])
+@pytest.mark.parametrize("distinct,held", [(3, 8), (12, 16), (25, 32)])
+def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
+    """Averaging layers keep distinct rows apart: after the first merge 3, 12 or 25
+    rows are held, and the layers run on the 8-, 16- or 32-row kernels."""
+    rng = np.random.default_rng(distinct + width)
+    layers = []
+    for _ in range(40):
+        idx = np.sort(np.stack([rng.choice(width, 32, replace=False) for _ in range(width)]),
+                      axis=1)
+        indptr = np.arange(0, width * 32 + 1, 32, dtype=np.int64)
+        layers.append(Layer(width, width, indptr, idx.ravel().astype(np.uint16), None, 1 / 32,
+                            0.0, None))
+    net = Network(layers)
+    rows = duplicated_rows(rng, distinct, 50, width, binary=False)
+    off, auto = _both(net, rows)
+    _assert_exact(net, rows, off, auto)
+    assert auto.compression[0][0]["representatives"] == distinct
+    backend = _backend()
+    backend.load_network(net.layers)
+    run_inference(net, rows, backend, compress="auto")
+    assert backend._held == held
