@@ -17,6 +17,7 @@ comparison inside each hash group, never trusting a hash alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,12 +31,14 @@ COMPRESS_MODES = ("auto", "off")
 #: one from layer 30), then every CHECK_STRIDE layers. The set does not depend
 #: on the data, so a backend that cuts queued work at these layers (CUDA
 #: graphs) cuts it at the same places in every run.
-EARLY_CHECKPOINTS = (2, 4, 8, 12, 16, 20, 24, 28, 32)
+EARLY_CHECKPOINTS = (1, 2, 4, 8, 12, 16, 20, 24, 28, 32)
 CHECK_STRIDE = 32
-#: A check runs only once the live count falls by less than this fraction per
-#: layer: while rows still die fast, dropping them does the work, and a check
-#: over tens of thousands of rows that die a few layers later does not pay
-#: (measured on an H200: checks after layers 1-8 made layers 1-10 3.5x slower).
+#: Where a check costs much against a layer (the CUDA backend: a sort and
+#: two device-host copies), it runs only once the live count falls by less
+#: than this fraction per layer: while rows still die fast, dropping them does
+#: the work, and a check over tens of thousands of rows that die a few layers
+#: later does not pay (measured on an H200: checks after layers 1-8 made those
+#: layers 3.5x slower). See ``fall_rule``.
 MAX_FALL_PER_LAYER = 0.02
 #: Where the held rows are many values (rows x width at least BIG_HELD), each
 #: layer costs so much more than a check's fixed overhead that a check is
@@ -43,6 +46,19 @@ MAX_FALL_PER_LAYER = 0.02
 #: at 65536 x 1920 the first merge came 4 layers late, at 1.6 ms a layer).
 BIG_HELD = 1 << 25
 MAX_FALL_BIG = 0.10
+
+
+def fall_rule(fall: float | None, held_values: int) -> bool:
+    """Whether a check pays on a backend where checks are dear (``check_pays``).
+
+    ``fall``: the live count's fall per layer since the last sample (None: no
+    sample yet); ``held_values``: rows x width held now.
+    """
+    if fall is None:
+        return False
+    return fall < (MAX_FALL_BIG if held_values >= BIG_HELD else MAX_FALL_PER_LAYER)
+
+
 #: A check that removes less than this fraction of the rows doubles the gap
 #: to the next check, so networks whose rows never collapse pay for a
 #: logarithmic number of checks.
@@ -109,19 +125,20 @@ class Compressor:
         """Whether a check may run now (asked only at checkpoints)."""
         return not self._done and layers_done >= self._next
 
-    def wants_check(self, layers_done: int, live: int, width: int = 1) -> bool:
+    def wants_check(self, layers_done: int, live: int, width: int = 1,
+                    pays: Callable[[float | None, int], bool] = fall_rule) -> bool:
         """Given the live rows now (``width`` values each), whether to check
-        (else: ask at the next checkpoint).
-
-        The first sample only sets the baseline; a check runs once the live
-        count falls slower than MAX_FALL_PER_LAYER since the last sample
-        (MAX_FALL_BIG where the rows hold BIG_HELD values or more).
+        (else: ask at the next checkpoint). ``pays(fall, held_values)`` is the
+        backend's rule (``Backend.check_pays``): ``fall`` is the live count's
+        fall per layer since the last sample, None before the first.
         """
         prev, self._sample = self._sample, (layers_done, live)
-        if prev is None or prev[1] == 0:
-            return prev is not None and live > 0
-        fall = 1.0 - (live / prev[1]) ** (1.0 / max(1, layers_done - prev[0]))
-        return fall < (MAX_FALL_BIG if live * width >= BIG_HELD else MAX_FALL_PER_LAYER)
+        if live == 0:
+            return False
+        fall = None
+        if prev is not None and prev[1]:
+            fall = 1.0 - (live / prev[1]) ** (1.0 / max(1, layers_done - prev[0]))
+        return pays(fall, live * width)
 
     def record(self, layers_done: int, groups: RowGroups) -> None:
         """Fold a backend's merge into the map and choose when to look next."""

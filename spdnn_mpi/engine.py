@@ -64,6 +64,13 @@ class Backend(Protocol):
         merge, so queued work is cut at the same layers in every run.
         """
 
+    def check_pays(self, fall: float | None, held_values: int) -> bool:
+        """Whether a compression check is worth its cost now on this backend.
+
+        ``fall``: the live count's fall per layer since the last look (None at
+        the first); ``held_values``: rows x width held.
+        """
+
     def merge_duplicate_rows(self) -> RowGroups:
         """Keep one row per group of bit-identical rows held now; say who went where.
 
@@ -170,7 +177,8 @@ def run_inference(
             backend.run_layer(k, drop[k + 1])
             if comp is not None and k + 1 < n_layers and is_checkpoint(k + 1):
                 if comp.due(k + 1) and comp.wants_check(k + 1, backend.live_count(),
-                                                        network.layers[k].n_out):
+                                                        network.layers[k].n_out,
+                                                        backend.check_pays):
                     comp.record(k + 1, backend.merge_duplicate_rows())
                 else:
                     backend.flush()

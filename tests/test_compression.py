@@ -106,13 +106,13 @@ def test_rows_that_never_collapse_pay_few_checks(name):
     assert len(off.alive_ids) == len(np.unique(rows.to_dense(), axis=0)) == 80
     events = auto.compression[0]
     assert all(e["representatives"] == e["rows"] for e in events)
-    # gaps double when a check finds nothing: 4 8 12 20 64 96 160
-    assert [e["layer"] for e in events] == [4, 8, 12, 20, 64, 96, 160]
+    # gaps double when a check finds nothing
+    assert [e["layer"] for e in events] == [1, 4, 8, 16, 32, 64, 128]
 
 
 def test_checkpoints_do_not_depend_on_data():
     points = [k for k in range(1, 200) if is_checkpoint(k)]
-    assert points[:3] == [2, 4, 8] and 64 in points and 96 in points and 65 not in points
+    assert points[:4] == [1, 2, 4, 8] and 64 in points and 96 in points and 65 not in points
 
 
 def test_compressor_resolves_chains_and_weights():
@@ -175,13 +175,15 @@ def test_gap_is_bounded():
     assert c._gap == MAX_GAP
 
 
-def test_no_check_while_rows_die_fast():
-    c = Compressor(1000)
+def test_no_check_while_rows_die_fast_where_checks_are_dear():
+    c = Compressor(1000)  # the default rule is the CUDA backend's: fall_rule
     assert c.due(2) and not c.wants_check(2, 1000)  # first sample: the baseline
     assert not c.wants_check(4, 500)  # halving in two layers: still dying
     assert not c.wants_check(8, 300)
     assert c.wants_check(12, 299)  # now steady
     assert not Compressor(5).wants_check(2, 0) and not c.wants_check(16, 0)
+    cheap = Compressor(1000)  # the CPU backend checks whenever a check is due
+    assert cheap.wants_check(1, 1000, pays=make_backend("cpu").check_pays)
     big = Compressor(5000)
     big.wants_check(12, 4128, 65536)
     assert big.wants_check(16, 3192, 65536)  # 6 % a layer, but each layer is expensive

@@ -139,6 +139,10 @@ class CpuBackend:
     def flush(self) -> None:
         """Nothing queued: every call runs to completion."""
 
+    def check_pays(self, fall: float | None, held_values: int) -> bool:
+        """Always: a check (a hash pass, a sort) costs a few per cent of a layer here."""
+        return True
+
     def merge_duplicate_rows(self) -> RowGroups:
         """Hash each held row, confirm candidates exactly, keep the first of each group."""
         t0 = time.perf_counter()

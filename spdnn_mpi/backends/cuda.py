@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends import cuda_layout as lay
-from spdnn_mpi.compression import RowGroups
+from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
@@ -410,6 +410,11 @@ class CudaBackend:
                             "out": cp.empty(2 * cap + 1, dtype=np.int32)}
             self._merge_cap = cap
         return self._mb
+
+    def check_pays(self, fall: float | None, held_values: int) -> bool:
+        """A check here costs a sort and two copies to the host: only once rows
+        stop dying fast (``compression.fall_rule``)."""
+        return fall_rule(fall, held_values)
 
     def merge_duplicate_rows(self) -> RowGroups:
         """Hash the held rows, sort the hashes, compare exactly, compact the

@@ -50,6 +50,10 @@ class ReferenceBackend:
     def flush(self) -> None:
         """Nothing queued: every call runs to completion."""
 
+    def check_pays(self, fall: float | None, held_values: int) -> bool:
+        """Always: the reference merges wherever the engine asks."""
+        return True
+
     def merge_duplicate_rows(self) -> RowGroups:
         """Plain and exact: ``np.unique`` over the rows' bit patterns, no hashing."""
         n = len(self._pos)
