@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +19,13 @@ import numpy as np
 
 from spdnn_mpi.atomic import atomic_path
 from spdnn_mpi.errors import StoreError
+from spdnn_mpi.formats import validate
 from spdnn_mpi.model import Layer, Network, SparseRows, index_dtype
 
 FORMAT_NAME = "spdnn_mpi.store"
 SCHEMA_VERSION = 1
+#: Schema versions this code reads (a set: a new version is added here with its reader).
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
 
 
 def layer_key(k: int) -> str:
@@ -139,36 +143,55 @@ class StoreWriter:
 
 
 class Store:
-    """Read access to a store, checked against the schema on open.
+    """Read access to a store, checked against the schema on open and as arrays are read.
 
-    Inputs can be read by row range so that each MPI rank touches only its
-    own rows.
+    Every array passes ``formats.validate`` before it is handed out, so no
+    kernel ever sees an index out of range or a row pointer that goes
+    backwards; ``validate_seconds`` sums the time those checks took. Inputs
+    can be read by row range so that each MPI rank touches only its own rows.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.validate_seconds = 0.0
+        self._inputs_meta: tuple[int, int, int] | None = None
         if not self.path.exists():
             raise StoreError(f"{self.path}: no such store")
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory, not a store")
         try:
             self._file = h5py.File(self.path, "r")
         except OSError as exc:
             raise StoreError(f"{self.path}: not a readable HDF5 file ({exc})") from None
+        try:
+            self._check_header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_header(self) -> None:
         attrs = self._file.attrs
         if attrs.get("format") != FORMAT_NAME:
-            self.close()
             raise StoreError(f"{self.path}: not an spdnn_mpi store (format attribute missing)")
-        version = int(attrs.get("schema_version", -1))
-        if version != SCHEMA_VERSION:
-            self.close()
+        version = attrs.get("schema_version")
+        if not validate.is_integer(version) or int(version) not in SUPPORTED_SCHEMA_VERSIONS:
+            supported = ", ".join(str(v) for v in sorted(SUPPORTED_SCHEMA_VERSIONS))
             raise StoreError(
-                f"{self.path}: store schema version {version}, this spdnn_mpi reads "
-                f"version {SCHEMA_VERSION}; re-create it with this version's `spdnn prepare`"
+                f"{self.path}: store schema version {validate.shown(version)}, this "
+                f"spdnn_mpi reads version {supported}; re-create it with this version's "
+                "`spdnn prepare`"
             )
-        if "network" not in self._file or "n_layers" not in self._file["network"].attrs:
-            self.close()
+        self.schema_version = int(version)
+        net = self._file.get("network")
+        if not isinstance(net, h5py.Group) or "n_layers" not in net.attrs:
             raise StoreError(f"{self.path}: store has no network")
-        self.n_layers = int(self._file["network"].attrs["n_layers"])
-        self.provenance = json.loads(attrs.get("provenance", "{}"))
+        self.n_layers = validate.integer_attr(f"{self.path}: network", net.attrs, "n_layers", 1)
+        try:
+            self.provenance = json.loads(attrs.get("provenance", "{}"))
+        except (TypeError, ValueError):
+            self.provenance = None
+        if not isinstance(self.provenance, dict):
+            raise StoreError(f"{self.path}: attribute provenance is not a JSON object")
         self.created = str(attrs.get("created", ""))
 
     def close(self) -> None:
@@ -180,42 +203,79 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- reading datasets ----------------------------------------------------
+    def _dataset(self, group: h5py.Group, key: str) -> h5py.Dataset:
+        obj = group.get(key)
+        if not isinstance(obj, h5py.Dataset):
+            raise StoreError(f"{self.path}: {group.name[1:]}/{key}: dataset missing")
+        return obj
+
+    def _read(self, group: h5py.Group, key: str, sel=()) -> np.ndarray:
+        """Dataset ``key`` of ``group`` (or a selection) as an array; damage is a StoreError."""
+        ds = self._dataset(group, key)
+        try:
+            return np.asarray(ds[sel])
+        except (OSError, ValueError, TypeError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreError(
+                f"{self.path}: {ds.name[1:]}: cannot be read ({reason}); the file is damaged"
+            ) from None
+
+    def _timed(self, t0: float) -> None:
+        self.validate_seconds += time.perf_counter() - t0
+
     # -- network -----------------------------------------------------------
     def _layer_group(self, k: int) -> h5py.Group:
         if not 0 <= k < self.n_layers:
             raise StoreError(f"{self.path}: layer {k + 1} asked for, store has {self.n_layers}")
         key = layer_key(k)
-        if key not in self._file["network"]:
+        group = self._file["network"].get(key)
+        if not isinstance(group, h5py.Group):
             raise StoreError(f"{self.path}: layer group network/{key} missing")
-        return self._file["network"][key]
+        return group
 
     def layer(self, k: int) -> Layer:
-        """0-based layer ``k``, checked for consistent shapes and index range."""
+        """0-based layer ``k``, validated (shapes, row pointer, index range, finite values)."""
         g = self._layer_group(k)
         where = f"{self.path}: network/{layer_key(k)}"
-        n_in, n_out, nnz = (int(g.attrs[a]) for a in ("n_in", "n_out", "nnz"))
-        indices = g["indices"][()]
+        n_in = validate.integer_attr(where, g.attrs, "n_in", 1)
+        n_out = validate.integer_attr(where, g.attrs, "n_out", 1)
+        nnz = validate.integer_attr(where, g.attrs, "nnz", 0)
+        regular = "row_degree" in g.attrs
+        indices = self._read(g, "indices")
+        indptr = None if regular else self._read(g, "indptr")
+        values = self._read(g, "values") if "values" in g else None
+        bias_vec = self._read(g, "bias") if "bias" in g else None
+        t0 = time.perf_counter()
+        validate.check_indices(where, "indices", indices, n_in)
         if len(indices) != nnz:
-            raise StoreError(f"{where}: {len(indices)} indices, nnz attribute says {nnz}")
-        if "row_degree" in g.attrs:
-            degree = int(g.attrs["row_degree"])
+            raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
+        if regular:
+            degree = validate.integer_attr(where, g.attrs, "row_degree", 0)
             if degree * n_out != nnz:
                 raise StoreError(f"{where}: row_degree {degree} x {n_out} rows != nnz {nnz}")
-            indptr = np.arange(0, nnz + 1, max(degree, 1), dtype=np.int64)
-            if degree == 0:
-                indptr = np.zeros(n_out + 1, dtype=np.int64)
+            indptr = np.arange(n_out + 1, dtype=np.int64) * degree
         else:
-            indptr = g["indptr"][()]
-            if len(indptr) != n_out + 1 or indptr[0] != 0 or indptr[-1] != nnz:
-                raise StoreError(f"{where}: indptr inconsistent with n_out={n_out}, nnz={nnz}")
-        if nnz and int(indices.max()) >= n_in:
-            raise StoreError(f"{where}: input index {int(indices.max())} >= n_in {n_in}")
-        values = g["values"][()] if "values" in g else None
-        uniform = float(g.attrs["uniform_value"]) if "uniform_value" in g.attrs else None
-        if values is not None and len(values) != nnz:
-            raise StoreError(f"{where}: {len(values)} values for {nnz} nonzeros")
-        bias = g["bias"][()] if "bias" in g else float(g.attrs.get("bias", 0.0))
-        clip = float(g.attrs["clip"]) if "clip" in g.attrs else None
+            validate.check_row_pointer(where, "indptr", indptr, n_out, nnz)
+        if (values is None) != ("uniform_value" in g.attrs):
+            raise StoreError(f"{where}: needs exactly one of dataset values and "
+                             "attribute uniform_value")
+        uniform = None
+        if values is not None:
+            validate.check_vector(where, "values", values, np.float32, nnz)
+            validate.check_finite(where, "values", values)
+        else:
+            uniform = validate.real_attr(where, g.attrs, "uniform_value")
+        if bias_vec is not None:
+            if "bias" in g.attrs:
+                raise StoreError(f"{where}: both a bias dataset and a bias attribute")
+            validate.check_vector(where, "bias", bias_vec, np.float32, n_out)
+            validate.check_finite(where, "bias", bias_vec)
+            bias: float | np.ndarray = bias_vec
+        else:
+            bias = validate.real_attr(where, g.attrs, "bias") if "bias" in g.attrs else 0.0
+        clip = validate.clip_attr(where, g.attrs)
+        self._timed(t0)
         try:
             return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip)
         except ValueError as exc:
@@ -225,8 +285,10 @@ class Store:
         """(n_in, n_out, nnz) of every layer, read from attributes only."""
         out = []
         for k in range(self.n_layers):
+            where = f"{self.path}: network/{layer_key(k)}"
             a = self._layer_group(k).attrs
-            out.append((int(a["n_in"]), int(a["n_out"]), int(a["nnz"])))
+            out.append(tuple(validate.integer_attr(where, a, name, low)
+                             for name, low in (("n_in", 1), ("n_out", 1), ("nnz", 0))))
         return out
 
     def iter_layers(self, n_layers: int | None = None) -> Iterator[Layer]:
@@ -253,62 +315,111 @@ class Store:
 
     # -- inputs ------------------------------------------------------------
     def _inputs_group(self) -> h5py.Group:
-        if "inputs" not in self._file:
+        group = self._file.get("inputs")
+        if not isinstance(group, h5py.Group):
             raise StoreError(f"{self.path}: store has no inputs")
-        return self._file["inputs"]
+        return group
 
     @property
     def has_inputs(self) -> bool:
         return "inputs" in self._file
 
+    def _input_shape(self) -> tuple[int, int, int]:
+        """(n_rows, n_cols, nnz) of the inputs, checked against the datasets (once)."""
+        if self._inputs_meta is not None:
+            return self._inputs_meta
+        g = self._inputs_group()
+        t0 = time.perf_counter()
+        first_n_in = validate.integer_attr(f"{self.path}: network/{layer_key(0)}",
+                                           self._layer_group(0).attrs, "n_in", 1)
+        n_rows, n_cols, nnz = validate.check_inputs_group(f"{self.path}: inputs", g, first_n_in)
+        ends = (int(self._read(g, "indptr", 0)), int(self._read(g, "indptr", n_rows)))
+        if ends != (0, nnz):
+            raise StoreError(f"{self.path}: inputs/indptr: runs from {ends[0]} to {ends[1]}, "
+                             f"expected 0 to {nnz} (the length of inputs/indices)")
+        self._timed(t0)
+        self._inputs_meta = (n_rows, n_cols, nnz)
+        return self._inputs_meta
+
     @property
     def n_images(self) -> int:
-        return int(self._inputs_group().attrs["n_rows"])
+        return self._input_shape()[0]
 
     @property
     def input_width(self) -> int:
-        return int(self._inputs_group().attrs["n_cols"])
+        return self._input_shape()[1]
 
     def input_row_nnz(self) -> np.ndarray:
         """Nonzeros per input row (reads only the row pointer)."""
-        return np.diff(self._inputs_group()["indptr"][()])
+        n_rows, _, nnz = self._input_shape()
+        indptr = self._read(self._inputs_group(), "indptr")
+        t0 = time.perf_counter()
+        validate.check_row_pointer(f"{self.path}: inputs", "indptr", indptr, n_rows, nnz)
+        self._timed(t0)
+        return np.diff(indptr)
 
     def inputs(self, start: int = 0, stop: int | None = None) -> SparseRows:
-        """Input rows ``[start, stop)``; reads only those rows from disk."""
+        """Input rows ``[start, stop)``, validated; reads only those rows from disk."""
+        n_rows, n_cols, nnz = self._input_shape()
         g = self._inputs_group()
-        n_rows = int(g.attrs["n_rows"])
+        where = f"{self.path}: inputs"
         stop = n_rows if stop is None else stop
         if not 0 <= start <= stop <= n_rows:
             raise StoreError(f"{self.path}: input rows [{start}, {stop}) outside [0, {n_rows})")
-        indptr = g["indptr"][start : stop + 1]
+        indptr = self._read(g, "indptr", slice(start, stop + 1))
+        t0 = time.perf_counter()
+        validate.check_row_pointer_slice(where, "indptr", indptr, nnz)
+        self._timed(t0)
         lo, hi = int(indptr[0]), int(indptr[-1])
-        indices = g["indices"][lo:hi]
-        values = g["values"][lo:hi] if "values" in g else None
-        return SparseRows(int(g.attrs["n_cols"]), indptr - lo, indices, values, start)
+        indices = self._read(g, "indices", slice(lo, hi))
+        values = self._read(g, "values", slice(lo, hi)) if "values" in g else None
+        t0 = time.perf_counter()
+        validate.check_indices(where, "indices", indices, n_cols)
+        if values is not None:
+            validate.check_finite(where, "values", values)
+        self._timed(t0)
+        return SparseRows(n_cols, indptr - lo, indices, values, start)
 
     # -- truth -------------------------------------------------------------
+    def _truth_group(self) -> h5py.Group | None:
+        group = self._file.get("truth")
+        return group if isinstance(group, h5py.Group) else None
+
     def truth_layers(self) -> list[int]:
-        return sorted(int(d.attrs["n_layers"]) for d in self._file["truth"].values())
+        group = self._truth_group()
+        if group is None:
+            return []
+        return sorted(
+            validate.integer_attr(f"{self.path}: {d.name[1:]}", d.attrs, "n_layers", 1)
+            for d in group.values()
+        )
 
     def truth(self, n_layers: int) -> np.ndarray | None:
-        """Sorted 1-based surviving image ids after ``n_layers`` layers, if stored."""
+        """Sorted 1-based surviving image ids after ``n_layers`` layers, if stored (validated)."""
+        group = self._truth_group()
         key = f"l{n_layers}"
-        if key not in self._file["truth"]:
+        if group is None or key not in group:
             return None
-        return self._file["truth"][key][()]
+        ids = self._read(group, key)
+        n_images = self.n_images if self.has_inputs else None
+        t0 = time.perf_counter()
+        validate.check_truth(f"{self.path}: truth/{key}", ids, n_images)
+        self._timed(t0)
+        return ids
 
     def truth_source(self, n_layers: int) -> str | None:
+        group = self._truth_group()
         key = f"l{n_layers}"
-        if key not in self._file["truth"]:
+        if group is None or key not in group:
             return None
-        return str(self._file["truth"][key].attrs.get("computed_by", "unknown"))
+        return str(group[key].attrs.get("computed_by", "unknown"))
 
     def summary(self) -> dict:
         """What ``spdnn info`` prints: shapes, sizes, truth and provenance."""
         shapes = self.layer_shapes()
         info = {
             "path": str(self.path),
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": self.schema_version,
             "created": self.created,
             "file_bytes": self.path.stat().st_size,
             "n_layers": self.n_layers,
@@ -320,7 +431,6 @@ class Store:
         }
         if self.has_inputs:
             g = self._inputs_group()
-            info["images"] = int(g.attrs["n_rows"])
-            info["input_nnz"] = int(g["indptr"][-1])
-            info["inputs_binary"] = bool(g.attrs["binary"])
+            info["images"], _, info["input_nnz"] = self._input_shape()
+            info["inputs_binary"] = "values" not in g
         return info

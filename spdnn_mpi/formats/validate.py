@@ -1,0 +1,171 @@
+"""Checks on the arrays and attributes of a store, made once when they are read.
+
+The compute kernels trust their index arrays: an index out of range is a
+segfault or a silently wrong answer, a row pointer that goes backwards reads
+the wrong nonzeros. So every array read from a store passes through here
+before any kernel sees it. Every check is a whole-array NumPy reduction (no
+Python loop over nonzeros); only on the error path is the first bad position
+searched for. A failure is a :class:`StoreError` naming the store and the
+dataset (``where`` carries both, e.g. ``store.h5: network/l00003``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from spdnn_mpi.errors import StoreError
+from spdnn_mpi.model import index_dtype
+
+
+def is_integer(value) -> bool:
+    """True for an integer scalar (Python or NumPy), not a bool, float or string."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def shown(value) -> str:
+    """``repr`` of an attribute value, NumPy scalars as plain numbers (1.5, not np.float64)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _is_real(value) -> bool:
+    return is_integer(value) or isinstance(value, float | np.floating)
+
+
+def integer_attr(where: str, attrs: Mapping, name: str, minimum: int = 0) -> int:
+    """Attribute ``name`` as an int: present, an integer type (not "1", 1.5 or True), >= minimum."""
+    if name not in attrs:
+        raise StoreError(f"{where}: attribute {name} missing")
+    value = attrs[name]
+    if not is_integer(value):
+        raise StoreError(f"{where}: attribute {name} is {shown(value)}, expected an integer")
+    if int(value) < minimum:
+        raise StoreError(f"{where}: attribute {name} is {int(value)}, expected >= {minimum}")
+    return int(value)
+
+
+def real_attr(where: str, attrs: Mapping, name: str) -> float:
+    """Attribute ``name`` as a finite float (an integer or float type, not a string)."""
+    value = attrs[name]
+    if not _is_real(value) or not np.isfinite(float(value)):
+        raise StoreError(f"{where}: attribute {name} is {shown(value)}, expected a finite number")
+    return float(value)
+
+
+def clip_attr(where: str, attrs: Mapping) -> float | None:
+    """The ``clip`` attribute: absent (no clip) or a number > 0 (inf allowed: no clip)."""
+    if "clip" not in attrs:
+        return None
+    value = attrs["clip"]
+    if not _is_real(value) or not float(value) > 0:
+        raise StoreError(f"{where}: attribute clip is {shown(value)}, expected a number > 0")
+    return float(value)
+
+
+def check_vector(where: str, name: str, array: np.ndarray, dtype, length: int) -> None:
+    """``array`` (dataset ``name``) is one-dimensional, of ``dtype`` exactly, ``length`` long."""
+    dtype = np.dtype(dtype)
+    if array.dtype != dtype:
+        raise StoreError(f"{where}/{name}: dtype {array.dtype}, the schema says {dtype}")
+    if array.ndim != 1 or array.shape[0] != length:
+        raise StoreError(f"{where}/{name}: shape {array.shape}, expected ({length},)")
+
+
+def check_row_pointer(where: str, name: str, indptr: np.ndarray, n_rows: int, nnz: int,
+                      first: int = 0) -> None:
+    """A CSR row pointer: int64, ``n_rows + 1`` long, from ``first`` to ``nnz``, never decreasing.
+
+    ``first`` is the value the pointer starts at (0 for a whole pointer, the
+    offset of the first row for a slice of one).
+    """
+    check_vector(where, name, indptr, np.int64, n_rows + 1)
+    if int(indptr[0]) != first or int(indptr[-1]) != nnz:
+        raise StoreError(f"{where}/{name}: runs from {int(indptr[0])} to {int(indptr[-1])}, "
+                         f"expected {first} to {nnz}")
+    if n_rows and np.diff(indptr).min() < 0:
+        k = int(np.flatnonzero(np.diff(indptr) < 0)[0])
+        raise StoreError(f"{where}/{name}: decreases at entry {k + 1} "
+                         f"({int(indptr[k])} then {int(indptr[k + 1])})")
+
+
+def check_row_pointer_slice(where: str, name: str, indptr: np.ndarray, total: int) -> None:
+    """Part of a row pointer: int64, never decreasing, every value within ``[0, total]``."""
+    if indptr.dtype != np.int64 or indptr.ndim != 1:
+        raise StoreError(f"{where}/{name}: dtype {indptr.dtype}, the schema says int64")
+    if len(indptr) > 1 and np.diff(indptr).min() < 0:
+        k = int(np.flatnonzero(np.diff(indptr) < 0)[0])
+        raise StoreError(f"{where}/{name}: decreases ({int(indptr[k])} then "
+                         f"{int(indptr[k + 1])})")
+    if len(indptr) and (int(indptr[0]) < 0 or int(indptr[-1]) > total):
+        raise StoreError(f"{where}/{name}: values {int(indptr[0])}..{int(indptr[-1])} "
+                         f"outside [0, {total}]")
+
+
+def check_indices(where: str, name: str, indices: np.ndarray, extent: int) -> None:
+    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range."""
+    dtype = index_dtype(extent)
+    if indices.dtype != dtype or indices.ndim != 1:
+        raise StoreError(f"{where}/{name}: dtype {indices.dtype}, the schema says {dtype} "
+                         f"for ids below {extent}")
+    if not len(indices):
+        return
+    top = int(indices.max())
+    low = 0 if indices.dtype.kind == "u" else int(indices.min())
+    if top >= extent or low < 0:
+        bad = top if top >= extent else low
+        k = int(np.flatnonzero(indices == bad)[0])
+        raise StoreError(f"{where}/{name}: id {bad} at position {k} outside [0, {extent})")
+
+
+def check_finite(where: str, name: str, array: np.ndarray) -> None:
+    """Every value finite (no nan or inf); one float64 sum, which finite float32 cannot overflow."""
+    if len(array) and not np.isfinite(np.sum(array, dtype=np.float64)):
+        k = int(np.flatnonzero(~np.isfinite(array))[0])
+        raise StoreError(f"{where}/{name}: value {array[k]} at position {k} is not finite")
+
+
+def check_inputs_group(where: str, group, first_n_in: int) -> tuple[int, int, int]:
+    """(n_rows, n_cols, nnz) of an ``inputs`` group, its attributes checked against its datasets.
+
+    Only shapes, dtypes and attributes are read here; a rank's rows are
+    checked when it reads them.
+    """
+    n_rows = integer_attr(where, group.attrs, "n_rows", 0)
+    n_cols = integer_attr(where, group.attrs, "n_cols", 1)
+    for name in ("indptr", "indices"):
+        if not hasattr(group.get(name), "dtype"):
+            raise StoreError(f"{where}/{name}: dataset missing")
+    ip, ind = group["indptr"], group["indices"]
+    if ip.dtype != np.int64 or ip.shape != (n_rows + 1,):
+        raise StoreError(f"{where}/indptr: {ip.dtype} of shape {ip.shape}, expected int64 "
+                         f"of shape ({n_rows + 1},) for n_rows {n_rows}")
+    want = index_dtype(n_cols)
+    if ind.dtype != want or len(ind.shape) != 1:
+        raise StoreError(f"{where}/indices: dtype {ind.dtype}, the schema says {want} "
+                         f"for n_cols {n_cols}")
+    nnz = int(ind.shape[0])
+    has_values = "values" in group
+    if has_values:
+        vals = group["values"]
+        if getattr(vals, "dtype", None) != np.float32 or vals.shape != (nnz,):
+            raise StoreError(f"{where}/values: expected float32 of shape ({nnz},)")
+    if "binary" in group.attrs and bool(group.attrs["binary"]) == has_values:
+        raise StoreError(f"{where}: attribute binary is {bool(group.attrs['binary'])} but "
+                         f"dataset values is {'present' if has_values else 'absent'}")
+    if n_cols != first_n_in:
+        raise StoreError(f"{where}: n_cols {n_cols} but layer 1 has {first_n_in} inputs")
+    return n_rows, n_cols, nnz
+
+
+def check_truth(where: str, ids: np.ndarray, n_images: int | None) -> None:
+    """Truth ids: int64, strictly increasing (sorted, no repeats), 1-based, <= n_images."""
+    if ids.dtype != np.int64 or ids.ndim != 1:
+        raise StoreError(f"{where}: dtype {ids.dtype}, the schema says int64")
+    if not len(ids):
+        return
+    if len(ids) > 1 and np.diff(ids).min() <= 0:
+        raise StoreError(f"{where}: ids not strictly increasing")
+    if int(ids[0]) < 1 or (n_images is not None and int(ids[-1]) > n_images):
+        raise StoreError(f"{where}: ids {int(ids[0])}..{int(ids[-1])} outside "
+                         f"1..{n_images if n_images is not None else 'any'}")

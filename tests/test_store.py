@@ -1,0 +1,211 @@
+"""A damaged or edited store is refused when read, before any kernel sees its arrays.
+
+Each case edits one dataset or attribute of a valid store the way a hostile
+user or a damaged disk would; ``spdnn infer`` must stop with one line naming
+the store and the dataset and exit 2 (before validation existed, several of
+these segfaulted the CPU kernel or gave wrong categories with a PASSED).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from conftest import random_inputs, random_network
+
+from spdnn_mpi.cli import main
+from spdnn_mpi.errors import StoreError
+from spdnn_mpi.formats.store import SUPPORTED_SCHEMA_VERSIONS, Store, StoreWriter
+from spdnn_mpi.reference import reference_categories
+
+W = 48  # network width; indices are uint16
+
+
+def write_store(path, net, rows, truth_layers=()):
+    with StoreWriter(path, {"test": True}) as w:
+        for layer in net.layers:
+            w.add_layer(layer)
+        w.write_inputs(rows)
+        for n in truth_layers:
+            w.add_truth(n, reference_categories(net.truncated(n), rows), "reference")
+    return path
+
+
+@pytest.fixture
+def store(tmp_path):
+    """4 layers of width 48: l00001 uniform with scalar bias, l00002 valued with a bias vector."""
+    rng = np.random.default_rng(3)
+    net = random_network(rng, [W] * 5, 0.2, uniform=True)
+    valued = random_network(rng, [W, W], 0.2, bias="vector")
+    net.layers[1] = valued.layers[0]
+    rows = random_inputs(rng, 120, W, 0.25, binary=False)
+    return write_store(tmp_path / "s.h5", net, rows, [4])
+
+
+def replace(group, name, data):
+    attrs = dict(group[name].attrs)
+    del group[name]
+    d = group.create_dataset(name, data=data)
+    d.attrs.update(attrs)
+
+
+def set_item(group, name, pos, value):
+    a = group[name][()]
+    a[pos] = value
+    group[name][...] = a
+
+
+# each case: (edit of the open h5py.File, fragments the error must contain)
+CASES = {
+    "indptr middle 10^9": (lambda f: set_item(f["network/l00002"], "indptr", 5, 10**9),
+                           ["network/l00002/indptr", "decreases"]),
+    "indptr swapped pair": (
+        lambda f: set_item(f["network/l00002"], "indptr", slice(3, 5),
+                           f["network/l00002/indptr"][3:5][::-1] + [0, 0]),
+        ["network/l00002/indptr"]),
+    "indptr first not 0": (lambda f: set_item(f["network/l00002"], "indptr", 0, 1),
+                           ["network/l00002/indptr", "expected 0"]),
+    "index beyond n_in": (lambda f: set_item(f["network/l00003"], "indices", 7, W + 12),
+                          ["network/l00003/indices", f"id {W + 12} at position 7"]),
+    "index uint16 max": (lambda f: set_item(f["network/l00001"], "indices", 0, 65535),
+                         ["network/l00001/indices", "65535"]),
+    "negative int32 indices": (
+        lambda f: replace(f["network/l00001"], "indices",
+                          -np.ones(f["network/l00001/indices"].shape, np.int32)),
+        ["network/l00001/indices", "dtype int32", "uint16"]),
+    "int8 indices": (
+        lambda f: replace(f["network/l00001"], "indices",
+                          f["network/l00001/indices"][()].astype(np.int8)),
+        ["network/l00001/indices", "dtype int8"]),
+    "indices shorter than nnz": (
+        lambda f: replace(f["network/l00003"], "indices", f["network/l00003/indices"][:-1]),
+        ["network/l00003/indices", "attribute nnz"]),
+    "nan weight": (lambda f: set_item(f["network/l00002"], "values", 3, np.nan),
+                   ["network/l00002/values", "nan at position 3"]),
+    "inf uniform weight": (lambda f: f["network/l00001"].attrs.__setitem__(
+        "uniform_value", np.float32(np.inf)), ["network/l00001", "uniform_value"]),
+    "nan bias vector": (lambda f: set_item(f["network/l00002"], "bias", 0, np.nan),
+                        ["network/l00002/bias", "not finite"]),
+    "inf scalar bias": (lambda f: f["network/l00001"].attrs.__setitem__("bias", np.inf),
+                        ["network/l00001", "attribute bias"]),
+    "nan clip": (lambda f: f["network/l00001"].attrs.__setitem__("clip", np.nan),
+                 ["network/l00001", "attribute clip"]),
+    "nnz as a string": (lambda f: f["network/l00003"].attrs.__setitem__("nnz", "400"),
+                        ["network/l00003", "attribute nnz"]),
+    "indices dataset gone": (lambda f: f["network/l00004"].__delitem__("indices"),
+                             ["network/l00004/indices", "missing"]),
+    "input pixel beyond n_cols": (lambda f: set_item(f["inputs"], "indices", 11, 5000),
+                                  ["inputs/indices", "id 5000 at position 11"]),
+    "input pixel 65535": (lambda f: set_item(f["inputs"], "indices", 0, 65535),
+                          ["inputs/indices", "65535"]),
+    "input indptr decreasing": (lambda f: set_item(f["inputs"], "indptr", 40, 0),
+                                ["inputs/indptr", "decreases"]),
+    "input indptr beyond nnz": (lambda f: set_item(f["inputs"], "indptr", -1, 10**9),
+                                ["inputs/indptr", "expected 0 to"]),
+    "n_rows 10^12": (lambda f: f["inputs"].attrs.__setitem__("n_rows", 10**12),
+                     ["inputs/indptr", "n_rows 1000000000000"]),
+    "n_cols 1024": (lambda f: f["inputs"].attrs.__setitem__("n_cols", 1024),
+                    ["inputs", "n_cols 1024", "layer 1 has 48 inputs"]),
+    "input value inf": (lambda f: set_item(f["inputs"], "values", 2, np.inf),
+                        ["inputs/values", "inf at position 2"]),
+    "input pixels int32": (
+        lambda f: replace(f["inputs"], "indices", f["inputs/indices"][()].astype(np.int32)),
+        ["inputs/indices", "dtype int32"]),
+    "schema_version '1'": (lambda f: f.attrs.__setitem__("schema_version", "1"),
+                           ["schema version '1'"]),
+    "schema_version 1.5": (lambda f: f.attrs.__setitem__("schema_version", 1.5),
+                           ["schema version 1.5"]),
+    "schema_version 99": (lambda f: f.attrs.__setitem__("schema_version", 99),
+                          ["schema version 99"]),
+    "n_layers 0": (lambda f: f["network"].attrs.__setitem__("n_layers", 0),
+                   ["network", "attribute n_layers is 0"]),
+    "provenance not JSON": (lambda f: f.attrs.__setitem__("provenance", "{oops"),
+                            ["provenance is not a JSON object"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_damaged_store_is_refused_before_any_kernel(store, capsys, case):
+    edit, fragments = CASES[case]
+    with h5py.File(store, "r+") as f:
+        edit(f)
+    assert main(["infer", str(store), "--backend", "cpu", "--threads", "1", "--check",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert str(store) in lines[0] and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_bit_rot_in_the_index_data_is_caught(store, capsys):
+    """Raw bytes of l00002/indices overwritten on disk (no HDF5 checksum to notice)."""
+    with h5py.File(store, "r") as f:
+        offset = f["network/l00002/indices"].id.get_offset()
+    with open(store, "r+b") as fh:
+        fh.seek(offset + 20)
+        fh.write(b"\xff\xff\x37\x13")
+    assert main(["infer", str(store), "--backend", "cpu", "--quiet"]) == 2
+    assert "network/l00002/indices" in capsys.readouterr().err
+
+
+def test_int32_index_range_is_checked(tmp_path, capsys):
+    """Above 65536 inputs the documented index type is int32: negative or large ids refused."""
+    rng = np.random.default_rng(8)
+    wide = 70000
+    net = random_network(rng, [wide, 8, 8], 0.0005, uniform=True)
+    rows = random_inputs(rng, 20, wide, 0.001)
+    path = write_store(tmp_path / "wide.h5", net, rows, [2])
+    assert net.layers[0].indices.dtype == np.int32
+    assert main(["infer", str(path), "--backend", "cpu", "--check", "--quiet"]) == 0
+    for bad in (-1, wide, 2**31 - 1):
+        with h5py.File(path, "r+") as f:
+            set_item(f["network/l00001"], "indices", 1, bad)
+        assert main(["infer", str(path), "--backend", "cpu", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"network/l00001/indices: id {bad} at position 1" in err, err
+
+
+def test_damaged_truth_is_refused(store, capsys):
+    with h5py.File(store, "r+") as f:
+        t = f["truth/l4"][()]
+        replace(f["truth"], "l4", t[::-1].copy())
+    assert main(["infer", str(store), "--backend", "cpu", "--check", "--quiet"]) == 2
+    assert "truth/l4: ids not strictly increasing" in capsys.readouterr().err
+
+
+def test_refusal_from_the_command_line_has_no_traceback(store):
+    with h5py.File(store, "r+") as f:
+        set_item(f["network/l00002"], "indptr", 5, 10**9)
+    proc = subprocess.run([sys.executable, "-m", "spdnn_mpi", "infer", str(store),
+                           "--backend", "cpu", "--quiet"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "network/l00002/indptr" in proc.stderr
+
+
+def test_valid_stores_pass_and_validation_is_timed(store):
+    assert 1 in SUPPORTED_SCHEMA_VERSIONS
+    with Store(store) as s:
+        assert s.validate_seconds == 0.0
+        net = s.network()
+        rows = s.inputs()
+        assert s.truth(4) is not None
+        assert s.validate_seconds > 0.0
+        np.testing.assert_array_equal(s.truth(4), reference_categories(net, rows))
+        # a rank's slice is validated on its own
+        part = s.inputs(30, 77)
+        assert part.first_row == 30 and part.n_rows == 47
+
+
+def test_store_api_raises_store_error(store):
+    with h5py.File(store, "r+") as f:
+        set_item(f["network/l00003"], "indices", 0, 200)
+    with Store(store) as s:
+        s.layer(0)
+        with pytest.raises(StoreError, match="l00003/indices"):
+            s.network()
