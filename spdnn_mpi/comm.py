@@ -22,16 +22,114 @@ from spdnn_mpi.errors import SpdnnError
 T = TypeVar("T")
 
 
+#: Environment variables a launcher sets in each process it starts, and which of them
+#: gives the number of processes (None: the launcher is known, the count is not).
+LAUNCHER_VARIABLES = (
+    ("OMPI_COMM_WORLD_SIZE", True),  # Open MPI's mpirun/mpiexec
+    ("PMI_SIZE", True),  # MPICH's and Intel MPI's hydra, srun --mpi=pmi2
+    ("SLURM_STEP_NUM_TASKS", True),  # srun (not set in the batch script itself)
+    ("PMIX_RANK", False),  # PMIx launchers (prterun, srun --mpi=pmix)
+    ("MPI_LOCALNRANKS", False),  # MPICH hydra (a count per node, not of all processes)
+)
+
+INSTALL_HINT = (
+    "install one: `pip install 'spdnn_mpi[mpich]'` (a pip-installed MPICH), or on a cluster "
+    "load its MPI module and build mpi4py against it: "
+    "`pip install --no-binary mpi4py mpi4py` (see README, Running on several GPUs or nodes)"
+)
+
+
+def launched_processes(environ: dict | None = None) -> tuple[str, int | None] | None:
+    """(variable, process count or None) when a launcher started this process, else None."""
+    environ = os.environ if environ is None else environ
+    for name, gives_count in LAUNCHER_VARIABLES:
+        value = environ.get(name)
+        if value is None:
+            continue
+        if not gives_count:
+            return name, None
+        try:
+            return name, int(value)
+        except ValueError:
+            return name, None
+    return None
+
+
+class SelfComm:
+    """A communicator of one process, for machines with no MPI library.
+
+    Implements just what this package calls, with the semantics of a
+    one-rank ``MPI.COMM_WORLD``, so ``spdnn infer`` and ``spdnn demo`` run
+    on a plain ``pip install`` without MPI.
+    """
+
+    rank = 0
+    size = 1
+
+    def Get_rank(self) -> int:  # noqa: N802 - the mpi4py names
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 1
+
+    def allgather(self, obj):
+        return [obj]
+
+    def gather(self, obj, root: int = 0):
+        return [obj]
+
+    def bcast(self, obj, root: int = 0):
+        return obj
+
+    def Bcast(self, buf, root: int = 0) -> None:  # noqa: N802
+        pass
+
+    def Barrier(self) -> None:  # noqa: N802
+        pass
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
 def world():
-    """``MPI.COMM_WORLD`` (imports mpi4py on first use, with a clear error)."""
+    """``MPI.COMM_WORLD``, or a :class:`SelfComm` when no MPI can load in a lone process.
+
+    mpi4py is imported here, on first use, so nothing else needs it. Without
+    an MPI library a process that a launcher started as one of several stops
+    with a message saying how to get one (running alone would be wrong).
+    """
     try:
         from mpi4py import MPI
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise SpdnnError(
-            f"mpi4py cannot be imported ({exc}); install an MPI (e.g. `pip install mpich`) "
-            "or build mpi4py against your cluster's MPI (see README)"
-        ) from None
+    except (ImportError, RuntimeError, OSError) as exc:
+        launched = launched_processes()
+        if launched is not None and launched[1] != 1:
+            count = "several" if launched[1] is None else str(launched[1])
+            raise SpdnnError(
+                f"started by an MPI launcher ({launched[0]}: {count} processes) but no MPI "
+                f"library can be loaded ({str(exc).splitlines()[0] if str(exc) else exc!r}); "
+                + INSTALL_HINT
+            ) from None
+        return SelfComm()
     return MPI.COMM_WORLD
+
+
+def check_agreement(comm, facts: dict[str, tuple[str, str]]) -> None:
+    """Stop every rank when ranks were given different stores or options.
+
+    ``facts`` maps a name to (value compared, value shown). Ranks that
+    disagree would otherwise meet in collectives of different sizes and hang;
+    one allgather of these few strings, at start-up, finds it at once.
+    """
+    everyone = comm.allgather(facts)
+    first = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        for name in sorted(set(first) | set(theirs)):
+            a, b = first.get(name, (None, "nothing")), theirs.get(name, (None, "nothing"))
+            if a[0] != b[0]:
+                raise SpdnnError(
+                    f"ranks disagree on {name}: rank 0 has {a[1]}, rank {rank} has {b[1]}; "
+                    "every rank of one run needs the same store and options"
+                )
 
 
 def partition(n_items: int, n_parts: int, weights: np.ndarray | None = None) -> np.ndarray:
@@ -66,6 +164,8 @@ class NodeInfo:
 
 def node_info(comm) -> tuple[NodeInfo, Any]:
     """(this rank's placement, the node-local communicator) by shared-memory split."""
+    if isinstance(comm, SelfComm):
+        return NodeInfo(0, 1, socket.gethostname()), SelfComm()
     from mpi4py import MPI
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -147,6 +247,8 @@ def run_phase(comm, fn: Callable[[], T]) -> T:
 def gather_ids(comm, ids: np.ndarray, root: int = 0) -> np.ndarray | None:
     """Concatenate every rank's int64 ids on ``root`` (in rank order)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if comm.Get_size() == 1:
+        return ids.copy()
     counts = comm.gather(len(ids), root=root)
     if comm.Get_rank() == root:
         out = np.empty(int(sum(counts)), dtype=np.int64)
@@ -155,6 +257,16 @@ def gather_ids(comm, ids: np.ndarray, root: int = 0) -> np.ndarray | None:
         return out
     comm.Gatherv(ids, None, root=root)
     return None
+
+
+def sum_to_root(comm, values: np.ndarray, root: int = 0) -> np.ndarray:
+    """Element-wise sum of every rank's int64 array, on ``root`` (zeros elsewhere)."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    if comm.Get_size() == 1:
+        return values.copy()
+    total = np.zeros_like(values)
+    comm.Reduce(values, total, root=root)
+    return total
 
 
 def _mpi_int64():

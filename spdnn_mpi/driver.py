@@ -19,6 +19,7 @@ from spdnn_mpi.engine import InferenceResult, run_inference
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.formats.store import Store
 from spdnn_mpi.model import Layer, Network
+from spdnn_mpi.outputs import check_distinct, check_output
 from spdnn_mpi.report import edges_per_second, machine_info
 
 
@@ -36,6 +37,43 @@ class RunOptions:
     weights_load: str = "node"  # "node": one reader per node, broadcast; "rank": every rank reads
     compress: str = "auto"  # "auto": merge bit-identical rows (exact); "off": compute every row
     progress: Callable[[int, int, int, float], None] | None = None
+    check: bool = False  # read the truth at the start; the report gets it as "_truth"
+    out: str | None = None  # output paths rank 0 will write: checked before the run
+    json: str | None = None
+
+
+def check_options(opts: RunOptions) -> None:
+    """Refuse option values that cannot make a run, before anything is read."""
+    if opts.layers is not None and opts.layers < 1:
+        raise SpdnnError(f"--layers {opts.layers}: must be at least 1")
+    if opts.batch is not None and opts.batch < 1:
+        raise SpdnnError(f"--batch {opts.batch}: must be at least 1")
+    if opts.threads is not None and opts.threads < 1:
+        raise SpdnnError(f"--threads {opts.threads}: must be at least 1")
+
+
+def check_outputs(opts: RunOptions) -> None:
+    """The outputs rank 0 writes at the end: writable, distinct, and not the store."""
+    outputs = {"--out": opts.out, "--json": opts.json}
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path is not None:
+            check_output(path, option, inputs={"the store": opts.store})
+
+
+def agreement_facts(opts: RunOptions, store: Store) -> dict[str, tuple[str, str]]:
+    """What every rank of one run must share: {name: (value compared, value shown)}.
+
+    The store is compared by its identity, not its path, so node-local copies
+    agree; ``--threads`` may differ (nodes may differ).
+    """
+    facts = {"store": (store.identity(), f"{opts.store} ({store.describe_identity()})")}
+    for name in ("layers", "backend", "partition", "batch", "weights_load", "oversubscribe_gpus",
+                 "check", "out", "json"):
+        value = getattr(opts, name)
+        option = "--" + name.replace("_", "-")
+        facts[option] = (repr(value), f"{option} {value}")
+    return facts
 
 
 def compare_categories(ours: np.ndarray, truth: np.ndarray, show: int = 10) -> dict:
@@ -109,23 +147,37 @@ def distributed_infer(comm, opts: RunOptions) -> dict | None:
     Any rank's failure in a phase stops every rank with that rank's message.
     """
     node, local = mpi.node_info(comm)
+    state: dict = {}
     try:
-        return _distributed_infer(comm, local, node, opts)
+        return _distributed_infer(comm, local, node, opts, state)
     finally:
+        if "store" in state:
+            state["store"].close()
         local.Free()
 
 
-def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
+def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict | None:
     rank, size = comm.Get_rank(), comm.Get_size()
     backend_name, why = resolve_backend_name(opts.backend)
-    state: dict = {}
 
     def load() -> None:
+        check_options(opts)
+        if rank == 0:
+            check_outputs(opts)
         store = Store(opts.store)
-        n_layers = opts.layers or store.n_layers
+        state["store"] = store
+        n_layers = store.n_layers if opts.layers is None else opts.layers
         if not 1 <= n_layers <= store.n_layers:
             raise SpdnnError(f"{opts.store}: --layers {n_layers}, store has {store.n_layers}")
         n_images = store.n_images
+        if opts.check and rank == 0:
+            # read now: a store replaced during the run must not change the verdict
+            state["truth"] = store.truth(n_layers)
+            if state["truth"] is None:
+                raise SpdnnError(
+                    f"{opts.store}: no truth stored for {n_layers} layers "
+                    f"(stored: {store.truth_layers() or 'none'}); run without --check"
+                )
         if opts.partition == "nnz":
             weights = store.input_row_nnz() if rank == 0 else None
             bounds = mpi.partition(n_images, size, weights) if rank == 0 else None
@@ -133,18 +185,22 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
             bounds = mpi.partition(n_images, size)
         else:
             raise SpdnnError(f"unknown --partition {opts.partition!r}; choose count or nnz")
-        state.update(store=store, n_layers=n_layers, n_images=n_images, bounds=bounds)
+        state.update(n_layers=n_layers, n_images=n_images, bounds=bounds,
+                     facts=agreement_facts(opts, store))
 
     mpi.run_phase(comm, load)
+    mpi.check_agreement(comm, state["facts"])
     state["bounds"] = comm.bcast(state["bounds"], root=0)
 
     def setup() -> None:
         t0 = time.perf_counter()
         store: Store = state["store"]
+        checked_before = store.validate_seconds
         start, stop = (int(x) for x in state["bounds"][rank : rank + 2])
         rows = store.inputs(start, stop)
         network = load_network(local, store, state["n_layers"], opts.weights_load)
         t1 = time.perf_counter()
+        state["validate_seconds"] = store.validate_seconds - checked_before
         options: dict = {}
         if backend_name == "cuda":
             import cupy
@@ -179,8 +235,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
     state["store"].close()
 
     ids = mpi.gather_ids(comm, result.alive_ids)
-    live = np.zeros_like(result.live_per_layer)
-    comm.Reduce(result.live_per_layer, live, root=0)
+    live = mpi.sum_to_root(comm, result.live_per_layer)
     per_rank = comm.gather({
         "rank": rank,
         "host": node.hostname,
@@ -189,6 +244,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
         "first_image": state["start"],
         "input_nnz": state["rows"].nnz,
         "load_seconds": state["load_seconds"],
+        "validate_seconds": state["validate_seconds"],
         "layout_seconds": state["layout_seconds"],
         "inference_seconds": result.seconds,
         "input_seconds": result.input_seconds,
@@ -230,6 +286,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
         "compression": merge_events([b for r in per_rank for b in r["compression"]]),
         "input_seconds": max(r["input_seconds"] for r in per_rank),
         "load_seconds": max(r["load_seconds"] for r in per_rank),
+        "validate_seconds": max(r["validate_seconds"] for r in per_rank),
         "layout_seconds": max(r["layout_seconds"] for r in per_rank),
         "imbalance": float(slowest / times.mean()) if times.mean() > 0 else 1.0,
         "live_rows_per_layer": live.tolist(),
@@ -238,4 +295,5 @@ def _distributed_infer(comm, local, node, opts: RunOptions) -> dict | None:
         "per_rank": per_rank,
         "machine": machine_info(),
         "_categories": categories,
+        "_truth": state.get("truth"),
     }

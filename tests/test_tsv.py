@@ -344,7 +344,12 @@ def test_missing_layer_in_sequence(tmp_path):
     layer = random_network(np.random.default_rng(2), [8, 8], density=1.0).layers[0]
     tsv_write.write_layer(d / "n8-l1.tsv", layer)
     tsv_write.write_layer(d / "n8-l3.tsv", layer)
-    assert tsv_tree.count_layers(d, 8) == 1
+    # a gap is an error naming the missing file, not the end of the network
+    with pytest.raises(InputFormatError, match=r"n8-l2\.tsv: missing layer file.*layers 3\.\.3"):
+        tsv_tree.count_layers(d, 8)
+    with pytest.raises(InputFormatError, match="n8-l2.tsv: missing layer file"):
+        tsv_tree.scan_tree(tmp_path)
+    assert tsv_tree.count_layers(d, 8, gaps_ok=True) == 1
     with pytest.raises(InputFormatError, match="missing layer file"):
         list(tsv_tree.iter_layers(d, 8, 3))
 

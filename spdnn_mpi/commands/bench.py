@@ -117,7 +117,7 @@ def generated_cases(args) -> list[tuple[Path, int]]:
             _log(args, f"generating {path.name} (truth for {truth or 'none'}) ...")
             t0 = time.perf_counter()
             generate_store(path, n, depth, args.seed, images=args.images,
-                           truth_layers=truth, quiet=args.quiet)
+                           truth_layers=truth, quiet=args.quiet, force=True)
             _log(args, f"  generated in {time.perf_counter() - t0:.1f} s")
         cases += [(path, lay) for lay in sorted(set(layer_list))]
     return cases
@@ -332,6 +332,10 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.report import machine_info, write_json
 
+    if args.json:
+        from spdnn_mpi.outputs import check_output
+
+        check_output(args.json, "--json", inputs={f"the store {s}": s for s in args.stores})
     cases: list[tuple[Path, int | None]] = []
     for s in args.stores:
         cases += [(Path(s), lay) for lay in (args.layers or [None])]

@@ -37,7 +37,7 @@ def demo_store(args) -> Path:
         if not args.quiet:
             print(f"spdnn demo: generating {path} (once)", file=sys.stderr, flush=True)
         generate_store(path, DEMO_NEURONS, DEMO_LAYERS, args.seed, images=args.images,
-                       truth_layers=[DEMO_LAYERS], quiet=args.quiet)
+                       truth_layers=[DEMO_LAYERS], quiet=args.quiet, force=True)
     elif not args.quiet:
         print(f"spdnn demo: using cached {path}", file=sys.stderr, flush=True)
     return path

@@ -75,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write the official TSV layout under --out instead of a store",
     )
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing store (or, with --tsv, existing files of the layout)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         tsv=args.tsv,
         quiet=args.quiet,
+        force=args.force,
     )
     if not args.quiet:
         counts = ", ".join(f"{c} after {n}" for n, c in info["truth_counts"].items()) or "none"

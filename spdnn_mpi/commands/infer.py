@@ -57,7 +57,8 @@ def summary_lines(report: dict) -> list[str]:
         f"network     {report['neurons']} neurons x {report['n_layers']} layers, "
         f"{report['n_images']} images",
         f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
-        f"load        {report['load_seconds']:.3f} s (read), "
+        f"load        {report['load_seconds']:.3f} s (read, of which "
+        f"{report['validate_seconds']:.3f} s validation), "
         f"{report['layout_seconds']:.3f} s (layout and warm-up), "
         f"{report['input_seconds']:.3f} s (inputs to device)",
         f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
@@ -99,8 +100,6 @@ def compression_line(report: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
     from spdnn_mpi.driver import RunOptions, compare_categories, distributed_infer
-    from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.store import Store
     from spdnn_mpi.formats.tsv_write import write_categories
     from spdnn_mpi.report import write_json
 
@@ -111,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
         weights_load=args.weights_load, compress=args.compress,
         progress=None if args.quiet else progress_printer(world.Get_size()),
+        check=args.check, out=args.out, json=args.json,
     )
     if rank == 0 and not args.quiet:
         print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)
@@ -120,16 +120,9 @@ def run(args: argparse.Namespace) -> int:
         if rank != 0:
             return 0
         categories = report.pop("_categories")
+        truth = report.pop("_truth")  # read when the run started (None without --check)
         status = 0
         if args.check:
-            with Store(args.store) as store:
-                truth = store.truth(report["n_layers"])
-                stored = store.truth_layers()
-            if truth is None:
-                raise SpdnnError(
-                    f"{args.store}: no truth stored for {report['n_layers']} layers "
-                    f"(stored: {stored or 'none'}); run without --check"
-                )
             report["check"] = compare_categories(categories, np.asarray(truth))
             status = 0 if report["check"]["passed"] else 1
         if args.out:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import os
 import re
 import sys
@@ -174,27 +175,30 @@ def prepare_store(
     from spdnn_mpi.formats import tsv, tsv_tree
     from spdnn_mpi.formats.store import StoreWriter
     from spdnn_mpi.model import challenge_bias
+    from spdnn_mpi.outputs import check_output
 
     weights = Path(weights)
     out = Path(out)
-    if out.exists() and not force:
-        raise SpdnnError(f"{out} exists; pass --force to replace it")
-    if out.is_dir():
-        raise SpdnnError(f"{out} is a directory")
+    _check_numbers(bias, clip, n_images)
+    check_output(out, "--out", force=force)
     if not weights.is_dir():
         raise SpdnnError(f"{weights}: no such weights folder")
     if neurons is None:
         neurons = tsv_tree.infer_neurons(weights)
-    found = tsv_tree.count_layers(weights, neurons)
     if n_layers is None:
-        if found == 0:
+        # all layers: a file missing in the middle is an error, not the end of the network
+        n_layers = tsv_tree.count_layers(weights, neurons)
+        if n_layers == 0:
             tsv_tree.layer_path(weights, neurons, 1)  # raises: names the missing first file
-        n_layers = found
     if n_layers < 1:
         raise SpdnnError(f"--layers must be at least 1, got {n_layers}")
     layer_files = [tsv_tree.layer_path(weights, neurons, k) for k in range(1, n_layers + 1)]
     bias = challenge_bias(neurons) if bias is None else float(bias)
     categories = dict(categories or {})
+    sources = {f"the layer file {p.name}": p for p in layer_files}
+    sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
+    sources["the --inputs file"] = inputs
+    check_output(out, "--out", inputs=sources, force=force)
     for n_l in categories:
         if not 1 <= n_l <= n_layers:
             raise SpdnnError(
@@ -233,7 +237,7 @@ def prepare_store(
     if generate_inputs:
         from spdnn_mpi.generators.digits import digit_images
 
-        rows = digit_images(neurons, n_images or 60000)
+        rows = digit_images(neurons, 60000 if n_images is None else n_images)
         _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
     provenance = {
         "tool": "spdnn prepare",
@@ -279,6 +283,18 @@ def prepare_store(
         f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
     )
     return out
+
+
+def _check_numbers(bias: float | None, clip: float | None, n_images: int | None) -> None:
+    """Refuse a bias or clip that is not a finite number, a clip <= 0, fewer than 1 image."""
+    from spdnn_mpi.errors import SpdnnError
+
+    if bias is not None and not math.isfinite(bias):
+        raise SpdnnError(f"--bias {bias}: must be a finite number")
+    if clip is not None and not (math.isfinite(clip) and clip > 0):
+        raise SpdnnError(f"--clip {clip}: must be a finite number > 0 (or --no-clip)")
+    if n_images is not None and n_images < 1:
+        raise SpdnnError(f"--images {n_images}: must be at least 1")
 
 
 def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:

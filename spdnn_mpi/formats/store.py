@@ -8,6 +8,7 @@ incompatible change.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from spdnn_mpi.atomic import atomic_path
+from spdnn_mpi.atomic import atomic_path, write_error
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats import validate
 from spdnn_mpi.model import Layer, Network, SparseRows, index_dtype
@@ -49,7 +50,11 @@ class StoreWriter:
         self.path = Path(path)
         self._ctx = atomic_path(self.path)
         self._tmp = self._ctx.__enter__()
-        self._file = h5py.File(self._tmp, "w")
+        try:
+            self._file = h5py.File(self._tmp, "w")
+        except OSError as exc:
+            self._ctx.__exit__(type(exc), exc, None)  # removes the temporary; raises SpdnnError
+            raise  # pragma: no cover - the line above always raises
         self._file.attrs["format"] = FORMAT_NAME
         self._file.attrs["schema_version"] = SCHEMA_VERSION
         self._file.attrs["created"] = _now()
@@ -119,13 +124,19 @@ class StoreWriter:
         if self._n_layers == 0:
             self.abort()
             raise StoreError(f"{self.path}: refusing to write a store with no layers")
-        self._file.close()
+        try:
+            self._file.close()  # flushes: a full disk may show only here
+        except OSError as exc:
+            self.abort()
+            raise write_error(self.path, exc) from None
         self._ctx.__exit__(None, None, None)
 
     def abort(self) -> None:
         """Drop the temporary file; the final name is left untouched."""
         try:
             self._file.close()
+        except OSError:
+            pass  # the temporary is dropped anyway
         finally:
             try:
                 self._ctx.__exit__(StoreError, StoreError("aborted"), None)
@@ -140,6 +151,8 @@ class StoreWriter:
             self.close()
         else:
             self.abort()
+            if isinstance(exc, OSError) and exc.filename is None:  # a failed write (disk full)
+                raise write_error(self.path, exc) from None
 
 
 class Store:
@@ -202,6 +215,22 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def identity(self) -> str:
+        """Digest of what makes this store itself (header, shapes, size), not of its path.
+
+        Copies of one store on several nodes agree; two different stores do not.
+        """
+        facts = [self.schema_version, self.created, json.dumps(self.provenance, sort_keys=True),
+                 self.n_layers, self._input_shape() if self.has_inputs else None,
+                 self.path.stat().st_size]
+        return hashlib.sha256(repr(facts).encode()).hexdigest()[:16]
+
+    def describe_identity(self) -> str:
+        """The facts behind ``identity()`` in words, for a message."""
+        images = f"{self.n_images} images, " if self.has_inputs else ""
+        return (f"{self.n_layers} layers, {images}{self.path.stat().st_size} bytes, "
+                f"created {self.created or 'unknown'}")
 
     # -- reading datasets ----------------------------------------------------
     def _dataset(self, group: h5py.Group, key: str) -> h5py.Dataset:

@@ -112,8 +112,15 @@ def _iter_text_blocks(
             continue
         yield np.frombuffer(data, dtype=np.uint8, count=cut + 1)
         rest = data[cut + 1 :]
-    if rest:
-        yield np.frombuffer(rest, dtype=np.uint8)
+    if rest.strip(b" \t\r"):
+        # A complete file ends with a line break; without one the last value may have
+        # been cut (6.25e-02 -> 6.25 parses fine), so it is refused, never guessed.
+        text = rest[:60].decode("utf-8", errors="replace")
+        raise InputFormatError(
+            path, lines_done[0] + 1,
+            f"the last line has no line break, so the file may be cut short: {text!r} "
+            "(if the file is complete, add a final newline)",
+        )
 
 
 def _describe_error(path, err, names, max_a, max_b, buf) -> InputFormatError:
@@ -260,8 +267,10 @@ def read_images(
 ) -> SparseRows:
     """Read ``image pixel value`` lines as CSR input rows (values dropped when all 1).
 
-    ``n_rows`` defaults to the largest image id in the file; ids beyond a
-    given ``n_rows`` or beyond ``n_cols`` pixels are errors. Memory stays near
+    ``n_rows`` defaults to the largest image id in the file, unless that id is
+    a likely stray (more empty images than non-empty ones, and more than
+    ``STRAY_EMPTY_IMAGES``): then it is an error asking for ``n_rows``. Ids
+    beyond a given ``n_rows`` or beyond ``n_cols`` pixels are errors. Memory stays near
     the size of the result whatever the line order: a file sorted by image
     then pixel is read in one pass that keeps only the pixel ids; any other
     order (such as pixel-major, as MATLAB's ``find`` writes) is counted in the
@@ -280,7 +289,7 @@ def read_images(
     vals_parts: list[np.ndarray | None] = []
     run_rows: list[np.ndarray] = []
     run_lens: list[np.ndarray] = []
-    counts: np.ndarray | None = None  # set once the order is broken
+    counts: _RowCounts | None = None  # set once the order is broken
     binary = True
     prev_row, prev_col, done = -1, -1, 0
     for a, b, v in blocks():
@@ -305,11 +314,11 @@ def read_images(
                     prev_row, prev_col = int(a[-1]), int(b[-1])
                 done += len(a)
                 continue
-            counts = np.zeros(0, dtype=np.int64)
+            counts = _RowCounts(bounded=n_rows is not None)
             for r, n in zip(run_rows, run_lens):
-                counts = _add_counts(counts, r, n)
+                counts.add(r, n)
             cols_parts, vals_parts, run_rows, run_lens = [], [], [], []
-        counts = _add_counts(counts, a, None)
+        counts.add(a)
         done += len(a)
 
     if counts is None:
@@ -317,6 +326,8 @@ def read_images(
         rl = _concat(run_lens, np.int64)
         if n_rows is None:
             n_rows = int(rr[-1]) + 1 if len(rr) else 0
+            distinct = 1 + int(np.count_nonzero(np.diff(rr))) if len(rr) else 0
+            _check_stray_id(path, n_rows, distinct, blocks)
         indptr = np.zeros(n_rows + 1, dtype=np.int64)
         np.add.at(indptr, rr + 1, rl)
         np.cumsum(indptr, out=indptr)
@@ -333,10 +344,11 @@ def read_images(
         return SparseRows(n_cols, indptr, _concat(cols_parts, idx_dtype), vals)
 
     # pass 2: place every entry at its row's next free slot
-    nonzero = np.flatnonzero(counts)
-    used = int(nonzero[-1]) + 1 if len(nonzero) else 0
+    used, distinct = counts.top_and_distinct()
     if n_rows is None:
+        _check_stray_id(path, used, distinct, blocks)
         n_rows = used
+    counts = counts.counts()
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     indptr[1 : used + 1] = counts[:used]
     np.cumsum(indptr, out=indptr)
@@ -369,6 +381,76 @@ def read_images(
                 )
             offset += len(a)
     return SparseRows(n_cols, indptr, cols, None if binary else vals)
+
+
+#: Without --images, the largest image id sets the number of images; it is refused as
+#: a likely stray id when that makes more empty images than non-empty ones, and more
+#: than this many (one stray id of 10^6 would otherwise make 998,000 empty images).
+STRAY_EMPTY_IMAGES = 1000
+
+
+def _check_stray_id(path: Path, top: int, distinct: int, blocks) -> None:
+    """Refuse a largest id ``top`` far beyond the ``distinct`` ids (see STRAY_EMPTY_IMAGES)."""
+    empty = top - distinct
+    if empty <= max(distinct, STRAY_EMPTY_IMAGES):
+        return
+    line, seen = None, 0
+    for a, _, _ in blocks():  # error path only: the line of that id
+        hit = np.flatnonzero(a == top - 1)
+        if len(hit):
+            line = seen + int(hit[0]) + 1
+            break
+        seen += len(a)
+    raise InputFormatError(
+        path, line,
+        f"image id {top} is far beyond the {distinct} distinct image ids of the file "
+        f"({empty} of the images 1..{top} would be empty): a stray id? If the file really "
+        f"holds {top} images, say so with --images {top}",
+    )
+
+
+class _RowCounts:
+    """Entries per image id, dense up to a cap that grows with the lines read.
+
+    Ids far beyond the cap (a stray 10^9) are kept aside sparsely, so they cost
+    no memory before :func:`_check_stray_id` has looked at them.
+    """
+
+    def __init__(self, bounded: bool):
+        self.dense = np.zeros(0, dtype=np.int64)
+        self.far: list[tuple[np.ndarray, np.ndarray]] = []
+        self.lines = 0
+        self.bounded = bounded  # ids were checked against a given number of images
+
+    def add(self, rows: np.ndarray, lengths: np.ndarray | None = None) -> None:
+        if not len(rows):
+            return
+        self.lines += len(rows) if lengths is None else int(lengths.sum())
+        cap = max(4 * self.lines, 1 << 22)
+        if not self.bounded and int(rows.max()) >= cap:
+            far = rows >= cap
+            ids, inverse = np.unique(rows[far], return_inverse=True)
+            weights = None if lengths is None else lengths[far]
+            self.far.append((ids, np.bincount(inverse, weights=weights).astype(np.int64)))
+            rows = rows[~far]
+            lengths = None if lengths is None else lengths[~far]
+        self.dense = _add_counts(self.dense, rows, lengths)
+
+    def top_and_distinct(self) -> tuple[int, int]:
+        """(largest id + 1, number of distinct ids)."""
+        nonzero = np.flatnonzero(self.dense)
+        top = int(nonzero[-1]) + 1 if len(nonzero) else 0
+        far = np.unique(np.concatenate([ids for ids, _ in self.far])) if self.far else []
+        if len(far):
+            top = max(top, int(far[-1]) + 1)
+        return top, len(nonzero) + len(far)
+
+    def counts(self) -> np.ndarray:
+        """Entries per id as one dense array (the far ids merged in)."""
+        for ids, cnt in self.far:
+            self.dense = _add_counts(self.dense, ids, cnt)
+        self.far = []
+        return self.dense
 
 
 def _add_counts(counts: np.ndarray, rows: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:

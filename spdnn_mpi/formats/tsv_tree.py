@@ -45,12 +45,26 @@ def layer_files(directory: str | os.PathLike) -> dict[int, dict[int, Path]]:
     return found
 
 
-def count_layers(directory: str | os.PathLike, neurons: int) -> int:
-    """Number of consecutive layer files ``1..L`` present for ``neurons``."""
+def count_layers(directory: str | os.PathLike, neurons: int, *, gaps_ok: bool = False) -> int:
+    """Number of consecutive layer files ``1..L`` present for ``neurons``.
+
+    A layer file missing before the last one present (a gap) is an
+    InputFormatError naming it, unless ``gaps_ok`` (then only 1..L count).
+    """
     files = layer_files(directory).get(neurons, {})
     n = 0
     while n + 1 in files:
         n += 1
+    if not gaps_ok and files and max(files) > n:
+        missing = Path(directory) / f"n{neurons}-l{n + 1}.tsv"
+        later = sorted(k for k in files if k > n)
+        raise InputFormatError(
+            missing, None,
+            f"missing layer file (no {missing.name} or {missing.name}.gz), but layers "
+            f"{later[0]}..{later[-1]} are there; pass --layers {n} to use only the first {n}"
+            if n else f"missing layer file (no {missing.name} or {missing.name}.gz), but "
+            f"layers {later[0]}..{later[-1]} are there",
+        )
     return n
 
 

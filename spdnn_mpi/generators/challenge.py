@@ -70,6 +70,27 @@ def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list
     return wanted
 
 
+def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bool,
+               mnist_dir: str | os.PathLike | None) -> None:
+    """Refuse an output that exists (unless ``force``), cannot be written, or is an input."""
+    from spdnn_mpi.outputs import check_output
+
+    inputs = {}
+    if mnist_dir is not None and Path(mnist_dir).is_dir():
+        inputs = {f"an input in --mnist-dir {mnist_dir}": p for p in Path(mnist_dir).iterdir()}
+    if not tsv:
+        check_output(path, "--out", inputs=inputs, force=force)
+        return
+    check_output(path, "--out", inputs=inputs, directory=True)
+    names = [f"neuron{neurons}", f"sparse-images-{neurons}.tsv"]
+    names += [f"neuron{neurons}-l{n}-categories.tsv" for n in wanted]
+    for name in names:
+        target = path / name
+        if target.exists() and not force:
+            raise SpdnnError(f"--out {path}: {target} exists; pass --force to replace it")
+        check_output(target, "--out", inputs=inputs, directory=name == names[0])
+
+
 def generate_store(
     path: str | os.PathLike,
     neurons: int,
@@ -85,13 +106,15 @@ def generate_store(
     threshold: int | None = None,
     tsv: bool = False,
     quiet: bool = True,
+    force: bool = False,
 ) -> dict:
     """Generate network, inputs and truth into a store at ``path`` (or a TSV tree with ``tsv``).
 
     ``truth_layers`` defaults to ``[layers]``; ``truth_backend`` is a name in
     ``TRUTH_BACKENDS`` or a callable ``(network, rows) -> categories``.
     Progress lines go to ``progress``, or to stderr when ``quiet`` is False.
-    Returns the provenance written, with the truth counts.
+    An existing output is replaced only with ``force``; an input (a file of
+    ``mnist_dir``) never. Returns the provenance written, with the truth counts.
     """
     from spdnn_mpi import __version__
     from spdnn_mpi.generators.digits import (
@@ -113,6 +136,7 @@ def generate_store(
         raise SpdnnError(f"images must be >= 1, got {images}")
     truth_name, truth_fn = resolve_truth_backend(truth_backend)
     wanted = _check_truth_layers(truth_layers, layers) if truth_fn is not None else []
+    _check_out(Path(path), neurons, wanted, tsv, force, mnist_dir)
 
     t0 = time.perf_counter()
     digits, source = load_digits(mnist_dir)

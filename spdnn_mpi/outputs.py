@@ -1,0 +1,91 @@
+"""Checks on a command's output paths, made before its long part starts.
+
+A run that fails only when it writes its result has wasted the run, and a
+command that writes over its own input destroys it; so every command checks
+each output here first: not one of its inputs (never, even with --force),
+not an existing path unless replacing was asked for, and writable (a probe
+file is created and removed in its directory).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from spdnn_mpi.errors import SpdnnError
+
+PathLike = str | os.PathLike
+
+
+def same_path(a: PathLike, b: PathLike) -> bool:
+    """True when ``a`` and ``b`` name the same file (also through links or ``..``)."""
+    a, b = Path(a), Path(b)
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def check_output(
+    path: PathLike,
+    option: str,
+    *,
+    inputs: Mapping[str, PathLike | None] | None = None,
+    force: bool = True,
+    directory: bool = False,
+) -> Path:
+    """Refuse ``path`` (given as ``option``) unless it may be written; returns it as a Path.
+
+    ``inputs`` maps a description ("the store") to each input path of the
+    command; ``force`` False refuses an existing ``path``; ``directory`` says
+    the output is a directory (an existing one is fine when ``force``).
+    """
+    path = Path(path)
+    for what, source in (inputs or {}).items():
+        if source is not None and same_path(path, source):
+            raise SpdnnError(f"{option} {path} is {what}: refusing to write over an input")
+    if path.exists() or path.is_symlink():
+        if path.is_dir() and not directory:
+            raise SpdnnError(f"{option} {path} is a directory")
+        if directory and not path.is_dir():
+            raise SpdnnError(f"{option} {path} exists and is not a directory")
+        if not force and not directory:
+            raise SpdnnError(f"{option} {path} exists; pass --force to replace it")
+    _check_writable(path, option)
+    return path
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Create and remove a probe file where ``path``'s temporary will be made."""
+    parent = path.parent
+    existing = parent
+    while not existing.exists():
+        if existing == existing.parent:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SpdnnError(f"{option} {path}: {existing} is not a directory")
+    if existing != parent:  # atomic_path creates the missing folders
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise SpdnnError(f"{option} {path}: cannot create folders in {existing}")
+        return
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=parent)
+    except OSError as exc:
+        raise SpdnnError(f"{option} {path}: cannot write in {parent} "
+                         f"({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:
+    """Refuse two options naming the same output file (one would overwrite the other)."""
+    given = [(k, v) for k, v in outputs.items() if v is not None]
+    for i, (name_a, a) in enumerate(given):
+        for name_b, b in given[i + 1 :]:
+            if same_path(a, b):
+                raise SpdnnError(f"{name_a} and {name_b} are the same file {a}")
