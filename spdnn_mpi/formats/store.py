@@ -1,13 +1,13 @@
 """The HDF5 store: one file holding a network, its inputs and truth categories.
 
-Every rank loads from this format, so it is versioned and checked on open.
-The schema is documented in ``docs/store.md``; bump ``SCHEMA_VERSION`` on any
-incompatible change.
+Every rank loads from this format, so it is versioned and checked on open,
+and every array is validated (``formats.validate``) when read. The schema is
+documented in ``docs/store.md`` and named in ``formats.schema``; writing is
+``formats.store_writer``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -18,141 +18,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from spdnn_mpi.atomic import atomic_path, write_error
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats import validate
-from spdnn_mpi.model import Layer, Network, SparseRows, index_dtype
-
-FORMAT_NAME = "spdnn_mpi.store"
-SCHEMA_VERSION = 1
-#: Schema versions this code reads (a set: a new version is added here with its reader).
-SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
-
-
-def layer_key(k: int) -> str:
-    """Group name of 0-based layer ``k`` (``l00001`` is the first layer)."""
-    return f"l{k + 1:05d}"
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-class StoreWriter:
-    """Builds a store under a temporary name; ``close()`` renames it into place.
-
-    Use as a context manager: an exception inside the block removes the
-    temporary, so no half-written store is ever left under the final name.
-    Layers are written one at a time, so writing never holds a whole network.
-    """
-
-    def __init__(self, path: str | os.PathLike, provenance: dict | None = None):
-        self.path = Path(path)
-        self._ctx = atomic_path(self.path)
-        self._tmp = self._ctx.__enter__()
-        try:
-            self._file = h5py.File(self._tmp, "w")
-        except OSError as exc:
-            self._ctx.__exit__(type(exc), exc, None)  # removes the temporary; raises SpdnnError
-            raise  # pragma: no cover - the line above always raises
-        self._file.attrs["format"] = FORMAT_NAME
-        self._file.attrs["schema_version"] = SCHEMA_VERSION
-        self._file.attrs["created"] = _now()
-        self._file.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
-        self._net = self._file.create_group("network")
-        self._file.create_group("truth")
-        self._n_layers = 0
-        self._last_n_out: int | None = None
-
-    # -- content -----------------------------------------------------------
-    def set_provenance(self, provenance: dict) -> None:
-        self._file.attrs["provenance"] = json.dumps(provenance, sort_keys=True)
-
-    def add_layer(self, layer: Layer) -> None:
-        """Append the next layer (its n_in must equal the previous n_out)."""
-        if self._last_n_out is not None and layer.n_in != self._last_n_out:
-            raise StoreError(
-                f"layer {self._n_layers + 1} has {layer.n_in} inputs but the previous "
-                f"layer has {self._last_n_out} outputs"
-            )
-        g = self._net.create_group(layer_key(self._n_layers))
-        g.attrs["n_in"] = layer.n_in
-        g.attrs["n_out"] = layer.n_out
-        g.attrs["nnz"] = layer.nnz
-        g.create_dataset("indices", data=np.asarray(layer.indices, dtype=index_dtype(layer.n_in)))
-        degree = layer.row_degree
-        if degree is not None:
-            g.attrs["row_degree"] = degree
-        else:
-            g.create_dataset("indptr", data=np.asarray(layer.indptr, dtype=np.int64))
-        if layer.values is None:
-            g.attrs["uniform_value"] = np.float32(layer.uniform_value)
-        else:
-            g.create_dataset("values", data=np.asarray(layer.values, dtype=np.float32))
-        if layer.bias_is_scalar:
-            g.attrs["bias"] = np.float32(layer.bias)
-        else:
-            g.create_dataset("bias", data=np.asarray(layer.bias, dtype=np.float32))
-        if layer.clip is not None:
-            g.attrs["clip"] = np.float32(layer.clip)
-        self._n_layers += 1
-        self._last_n_out = layer.n_out
-        self._net.attrs["n_layers"] = self._n_layers
-
-    def write_inputs(self, rows: SparseRows) -> None:
-        """Store the input feature rows (values omitted when binary)."""
-        g = self._file.require_group("inputs")
-        g.attrs["n_rows"] = rows.n_rows
-        g.attrs["n_cols"] = rows.n_cols
-        g.attrs["binary"] = rows.values is None
-        g.create_dataset("indptr", data=np.asarray(rows.indptr - rows.indptr[0], dtype=np.int64))
-        g.create_dataset("indices", data=np.asarray(rows.indices, dtype=index_dtype(rows.n_cols)))
-        if rows.values is not None:
-            g.create_dataset("values", data=np.asarray(rows.values, dtype=np.float32))
-
-    def add_truth(self, n_layers: int, categories: np.ndarray, computed_by: str) -> None:
-        """Store the sorted 1-based ids of the images alive after ``n_layers`` layers."""
-        d = self._file["truth"].create_dataset(
-            f"l{n_layers}", data=np.asarray(categories, dtype=np.int64)
-        )
-        d.attrs["n_layers"] = n_layers
-        d.attrs["computed_by"] = computed_by
-
-    # -- lifetime ----------------------------------------------------------
-    def close(self) -> None:
-        """Finish the file and rename it to its final name."""
-        if self._n_layers == 0:
-            self.abort()
-            raise StoreError(f"{self.path}: refusing to write a store with no layers")
-        try:
-            self._file.close()  # flushes: a full disk may show only here
-        except OSError as exc:
-            self.abort()
-            raise write_error(self.path, exc) from None
-        self._ctx.__exit__(None, None, None)
-
-    def abort(self) -> None:
-        """Drop the temporary file; the final name is left untouched."""
-        try:
-            self._file.close()
-        except OSError:
-            pass  # the temporary is dropped anyway
-        finally:
-            try:
-                self._ctx.__exit__(StoreError, StoreError("aborted"), None)
-            except StoreError:
-                pass
-
-    def __enter__(self) -> StoreWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-            if isinstance(exc, OSError) and exc.filename is None:  # a failed write (disk full)
-                raise write_error(self.path, exc) from None
+from spdnn_mpi.formats.schema import (  # noqa: F401 - re-exported for users of this module
+    FORMAT_NAME,
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    layer_key,
+)
+from spdnn_mpi.formats.store_writer import StoreWriter  # noqa: F401 - re-exported
+from spdnn_mpi.model import Layer, Network, SparseRows
 
 
 class Store:

@@ -1,0 +1,17 @@
+"""Names and versions of the store schema (``docs/store.md``), shared by reader and writer.
+
+Bump ``SCHEMA_VERSION`` on any incompatible change and add the versions the
+reader still understands to ``SUPPORTED_SCHEMA_VERSIONS``.
+"""
+
+from __future__ import annotations
+
+FORMAT_NAME = "spdnn_mpi.store"
+SCHEMA_VERSION = 1
+#: Schema versions this code reads (a set: a new version is added here with its reader).
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+
+
+def layer_key(k: int) -> str:
+    """Group name of 0-based layer ``k`` (``l00001`` is the first layer)."""
+    return f"l{k + 1:05d}"

@@ -1,0 +1,235 @@
+"""Writing a store: atomically, one layer at a time, and safe when the disk fills up.
+
+HDF5 does not survive a failed write (after one, h5py crashes the process on
+a later call), so the temporary file is handed to HDF5 through
+:class:`_GuardedFile`: a failed write (disk full, quota, file size limit) is
+remembered instead of reported to HDF5, and ``StoreWriter`` turns it into a
+one-line error and drops the temporary.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from spdnn_mpi.atomic import atomic_path, write_error
+from spdnn_mpi.errors import StoreError
+from spdnn_mpi.formats.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
+from spdnn_mpi.model import Layer, SparseRows, index_dtype
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+class _GuardedFile:
+    """A file for h5py's ``fileobj`` driver that never reports a failed write to HDF5.
+
+    After the first failed write, writes are dropped but counted as done (the
+    file is doomed anyway) so HDF5 stays consistent until it is closed;
+    ``error`` holds the failure. Reads and writes use pread/pwrite at an
+    offset of its own, so no state lives in the OS file position.
+    """
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._pos = 0
+        self._end = 0  # the size HDF5 believes the file has
+        self.error: OSError | None = None
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else (self._pos if whence == 1 else self._end) + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if self.error is None:
+            done = 0
+            try:
+                while done < n:
+                    written = os.pwrite(self._fd, view[done:], self._pos + done)
+                    if written == 0:
+                        raise OSError(28, os.strerror(28))
+                    done += written
+            except OSError as exc:
+                self.error = exc
+        self._pos += n
+        self._end = max(self._end, self._pos)
+        return n
+
+    def readinto(self, buf) -> int:
+        view = memoryview(buf).cast("B")
+        got = os.preadv(self._fd, [view], self._pos) if self.error is None else 0
+        view[got:] = bytes(len(view) - got)  # past what reached the disk: zeros
+        self._pos += len(view)
+        return len(view)
+
+    def read(self, size: int) -> bytes:
+        buf = bytearray(size)
+        self.readinto(buf)
+        return bytes(buf)
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError as exc:
+                self.error = exc
+        self._end = size
+        return size
+
+    def flush(self) -> None:
+        pass  # nothing is buffered here
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class StoreWriter:
+    """Builds a store under a temporary name; ``close()`` renames it into place.
+
+    Use as a context manager: an exception inside the block removes the
+    temporary, so no half-written store is ever left under the final name.
+    Layers are written one at a time, so writing never holds a whole network.
+    """
+
+    def __init__(self, path: str | os.PathLike, provenance: dict | None = None):
+        self.path = Path(path)
+        self._ctx = atomic_path(self.path)
+        self._tmp = self._ctx.__enter__()
+        try:
+            self._raw = _GuardedFile(self._tmp)
+            self._file = h5py.File(self._raw, "w")
+        except OSError as exc:
+            self._ctx.__exit__(type(exc), exc, None)  # removes the temporary; raises SpdnnError
+            raise  # pragma: no cover - the line above always raises
+        self._file.attrs["format"] = FORMAT_NAME
+        self._file.attrs["schema_version"] = SCHEMA_VERSION
+        self._file.attrs["created"] = _now()
+        self._file.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
+        self._net = self._file.create_group("network")
+        self._file.create_group("truth")
+        self._n_layers = 0
+        self._last_n_out: int | None = None
+        self._closed = False
+
+    # -- content -----------------------------------------------------------
+    def set_provenance(self, provenance: dict) -> None:
+        self._file.attrs["provenance"] = json.dumps(provenance, sort_keys=True)
+        self._check_written()
+
+    def add_layer(self, layer: Layer) -> None:
+        """Append the next layer (its n_in must equal the previous n_out)."""
+        if self._last_n_out is not None and layer.n_in != self._last_n_out:
+            raise StoreError(
+                f"layer {self._n_layers + 1} has {layer.n_in} inputs but the previous "
+                f"layer has {self._last_n_out} outputs"
+            )
+        g = self._net.create_group(layer_key(self._n_layers))
+        g.attrs["n_in"] = layer.n_in
+        g.attrs["n_out"] = layer.n_out
+        g.attrs["nnz"] = layer.nnz
+        g.create_dataset("indices", data=np.asarray(layer.indices, dtype=index_dtype(layer.n_in)))
+        degree = layer.row_degree
+        if degree is not None:
+            g.attrs["row_degree"] = degree
+        else:
+            g.create_dataset("indptr", data=np.asarray(layer.indptr, dtype=np.int64))
+        if layer.values is None:
+            g.attrs["uniform_value"] = np.float32(layer.uniform_value)
+        else:
+            g.create_dataset("values", data=np.asarray(layer.values, dtype=np.float32))
+        if layer.bias_is_scalar:
+            g.attrs["bias"] = np.float32(layer.bias)
+        else:
+            g.create_dataset("bias", data=np.asarray(layer.bias, dtype=np.float32))
+        if layer.clip is not None:
+            g.attrs["clip"] = np.float32(layer.clip)
+        self._n_layers += 1
+        self._last_n_out = layer.n_out
+        self._net.attrs["n_layers"] = self._n_layers
+        self._check_written()
+
+    def write_inputs(self, rows: SparseRows) -> None:
+        """Store the input feature rows (values omitted when binary)."""
+        g = self._file.require_group("inputs")
+        g.attrs["n_rows"] = rows.n_rows
+        g.attrs["n_cols"] = rows.n_cols
+        g.attrs["binary"] = rows.values is None
+        g.create_dataset("indptr", data=np.asarray(rows.indptr - rows.indptr[0], dtype=np.int64))
+        g.create_dataset("indices", data=np.asarray(rows.indices, dtype=index_dtype(rows.n_cols)))
+        if rows.values is not None:
+            g.create_dataset("values", data=np.asarray(rows.values, dtype=np.float32))
+        self._check_written()
+
+    def add_truth(self, n_layers: int, categories: np.ndarray, computed_by: str) -> None:
+        """Store the sorted 1-based ids of the images alive after ``n_layers`` layers."""
+        d = self._file["truth"].create_dataset(
+            f"l{n_layers}", data=np.asarray(categories, dtype=np.int64)
+        )
+        d.attrs["n_layers"] = n_layers
+        d.attrs["computed_by"] = computed_by
+        self._check_written()
+
+    # -- lifetime ----------------------------------------------------------
+    def _check_written(self) -> None:
+        """Stop (dropping the temporary) once a write to disk has failed."""
+        if self._raw.error is not None:
+            exc = self._raw.error
+            self.abort()
+            raise write_error(self.path, exc)
+
+    def close(self) -> None:
+        """Finish the file and rename it to its final name."""
+        if self._n_layers == 0:
+            self.abort()
+            raise StoreError(f"{self.path}: refusing to write a store with no layers")
+        self._check_written()
+        try:
+            self._file.close()  # flushes the metadata: a full disk may show only here
+        except OSError as exc:
+            self.abort()
+            raise write_error(self.path, exc) from None
+        self._check_written()
+        self._raw.close()
+        self._closed = True
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        """Drop the temporary file; the final name is left untouched (safe to call twice)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._file.close()
+        except (OSError, RuntimeError):
+            pass  # the temporary is dropped anyway
+        finally:
+            self._raw.close()
+            try:
+                self._ctx.__exit__(StoreError, StoreError("aborted"), None)
+            except StoreError:
+                pass
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+            if isinstance(exc, OSError) and exc.filename is None:  # a failed write (disk full)
+                raise write_error(self.path, exc) from None
