@@ -204,9 +204,50 @@ def _unnamed_categories(tree):
     return ["--categories", str(path)], "write it as L=FILE"
 
 
+def _gap_without_layers(tree):
+    (tree["weights"] / f"n{N}-l3.tsv").unlink()  # 1, 2 and 4 remain
+    return [], (f"n{N}-l3.tsv: missing layer file", "layers 4..4 are there", "--layers 2")
+
+
+def _cut_last_value(tree):
+    path = tree["weights"] / f"n{N}-l4.tsv"
+    text = path.read_text()
+    path.write_text(text[: len(text) - 5])  # cut inside the last value
+    n = len(text.splitlines())
+    return [], (f"n{N}-l4.tsv:{n}: the last line has no line break",)
+
+
+def _stray_image_id(tree):
+    path = tree["root"] / f"sparse-images-{N}.tsv"
+    path.write_text(path.read_text() + "1000000	3	1\n")
+    n = len(path.read_text().splitlines())
+    return ["--inputs", str(path)], (f"sparse-images-{N}.tsv:{n}: image id 1000000 is far "
+                                     "beyond the", "--images 1000000")
+
+
+def _argument(*argv: str, fragment: str):
+    def case(tree):
+        return list(argv), fragment
+    case.__name__ = "_" + "_".join(argv)
+    return case
+
+
 @pytest.mark.parametrize(
     "case",
     [
+        _argument("--bias", "nan", fragment="--bias nan: must be a finite number"),
+        _argument("--bias", "inf", fragment="--bias inf: must be a finite number"),
+        _argument("--bias=-inf", fragment="--bias -inf: must be a finite number"),
+        _argument("--clip", "nan", fragment="--clip nan: must be a finite number > 0"),
+        _argument("--clip", "inf", fragment="--clip inf: must be a finite number > 0"),
+        _argument("--clip", "0", fragment="--clip 0.0: must be a finite number > 0"),
+        _argument("--clip", "-2", fragment="--clip -2.0: must be a finite number > 0"),
+        _argument("--images", "0", fragment="--images 0: must be at least 1"),
+        _argument("--generate-inputs", "--images", "0", fragment="--images 0: must be at least"),
+        _argument("--generate-inputs", "--images", "-5", fragment="--images -5: must be at"),
+        _gap_without_layers,
+        _cut_last_value,
+        _stray_image_id,
         _bad_layer_line,
         _zero_based,
         _duplicate,

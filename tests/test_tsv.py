@@ -415,3 +415,78 @@ def test_layer_path_prefers_plain(tmp_path):
     tsv_write.write_layer(tmp_path / "n1-l1.tsv", layer)
     assert tsv_tree.layer_path(tmp_path, 1, 1).name == "n1-l1.tsv"
     assert isinstance(tsv_tree.layer_path(tmp_path, 1, 1), Path)
+
+
+# ---------------------------------------------------------------------------
+# a cut file, stray image ids
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("block", [3, 1 << 20])
+def test_file_cut_inside_its_last_value_is_refused(tmp_path, gz, block):
+    """A cut ``6.25e-02`` reads as the valid 6.25: only the missing line break shows it."""
+    text = "1\t1\t6.250000e-02\n2\t1\t6.250000e-02\n1\t2\t6.25"
+    path = tmp_path / ("n2-l1.tsv.gz" if gz else "n2-l1.tsv")
+    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    with pytest.raises(InputFormatError) as info:
+        tsv.read_layer(path, 2, 2, block_bytes=block)
+    assert info.value.line == 3 and "no line break" in info.value.message
+    images = tmp_path / "sparse-images-2.tsv"
+    images.write_text("1\t1\t1\n2\t2\t1")
+    with pytest.raises(InputFormatError, match="sparse-images-2.tsv:2: the last line"):
+        tsv.read_images(images, 2)
+    cats = tmp_path / "neuron2-l1-categories.tsv"
+    cats.write_text("1\n30")  # cut from 3001
+    with pytest.raises(InputFormatError, match="categories.tsv:2: the last line has no line"):
+        tsv.read_categories(cats)
+    # complete files: a final newline, CRLF, trailing blank lines or spaces are all fine
+    for ending in ("\n", "\r\n", "\n\n", "\n  \t"):
+        path.write_text(text + ending)
+        assert tsv.read_layer(path, 2, 2, block_bytes=block).nnz == 3
+    cats.write_text("")
+    assert len(tsv.read_categories(cats)) == 0
+
+
+def _images_text(ids: list[int]) -> str:
+    return "".join(f"{i}\t{1 + i % 3}\t1\n" for i in ids)
+
+
+@pytest.mark.parametrize("stray_first", [False, True])  # row-major, or order broken
+def test_stray_image_id_needs_images(tmp_path, stray_first):
+    ids = list(range(1, 2001))
+    ids = [10**6] + ids if stray_first else ids + [10**6]
+    path = tmp_path / "sparse-images-4.tsv"
+    path.write_text(_images_text(ids))
+    with pytest.raises(InputFormatError) as info:
+        tsv.read_images(path, 4)
+    assert info.value.line == (1 if stray_first else 2001)
+    assert "image id 1000000 is far beyond the 2001 distinct" in info.value.message
+    assert "--images 1000000" in info.value.message
+    rows = tsv.read_images(path, 4, 10**6)  # said so: accepted
+    assert rows.n_rows == 10**6 and rows.nnz == 2001
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_sparse_but_sound_image_ids_are_accepted(tmp_path, order):
+    path = tmp_path / "sparse-images-4.tsv"
+    cases = [list(range(2, 20001, 2)),  # every other image: half of them empty
+             [1, 900],  # few images, fewer than STRAY_EMPTY_IMAGES empty
+             list(range(1, 3001)) + [5000]]
+    for ids in cases:
+        path.write_text(_images_text(ids if order == "sorted" else ids[::-1]))
+        assert tsv.read_images(path, 4).n_rows == max(ids)
+
+
+def test_huge_stray_id_costs_no_memory(tmp_path):
+    """An id of 3 x 10^8 first (unordered file): refused before any array of that size."""
+    import tracemalloc
+
+    path = tmp_path / "sparse-images-4.tsv"
+    path.write_text(_images_text([3 * 10**8] + list(range(1, 5001))))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputFormatError, match="image id 300000000 is far beyond"):
+            tsv.read_images(path, 4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 << 20, f"peak {peak / 1e6:.0f} MB"  # 3 x 10^8 int64 counts: 2.4 GB
