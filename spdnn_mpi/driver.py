@@ -69,10 +69,12 @@ def agreement_facts(opts: RunOptions, store: Store) -> dict[str, tuple[str, str]
     """
     facts = {"store": (store.identity(), f"{opts.store} ({store.describe_identity()})")}
     for name in ("layers", "backend", "partition", "batch", "weights_load", "oversubscribe_gpus",
-                 "check", "out", "json"):
+                 "compress", "check", "out", "json"):
         value = getattr(opts, name)
         option = "--" + name.replace("_", "-")
-        facts[option] = (repr(value), f"{option} {value}")
+        shown = f"no {option}" if value in (None, False) else (
+            option if value is True else f"{option} {value}")
+        facts[option] = (repr(value), shown)
     return facts
 
 

@@ -88,3 +88,44 @@ def test_check_failure_gives_nonzero_exit_on_every_rank(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "FAILED" in proc.stdout
+
+
+@pytest.mark.parametrize("what", ["layers", "store", "partition"])
+def test_ranks_that_disagree_stop_quickly(tmp_path, what):
+    """MPMD launch with different arguments per rank: a clear message, not a hang."""
+    mpiexec = _mpiexec()
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    write_store(a)
+    write_store(b, seed=22)
+    first, second, message = {
+        "layers": ([a, "--layers", "4"], [a, "--layers", "3"],
+                   "ranks disagree on --layers: rank 0 has --layers 4, rank 1 has --layers 3"),
+        "store": ([a], [b], f"ranks disagree on store: rank 0 has {a} ("),
+        "partition": ([a], [a, "--partition", "nnz"], "ranks disagree on --partition"),
+    }[what]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "spdnn_mpi", "infer", "--backend", "cpu", "--threads", "1",
+           "--quiet", "--out", str(tmp_path / "c.tsv")]
+    t0 = time.monotonic()
+    proc = subprocess.run([mpiexec, "-n", "1", *cmd, *first, ":", "-n", "1", *cmd, *second],
+                          capture_output=True, text=True, env=env, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "c.tsv").exists()
+    assert elapsed < 60
+
+
+def test_copies_of_one_store_agree(tmp_path):
+    """Node-local copies of a store have other paths but the same identity."""
+    mpiexec = _mpiexec()
+    expected = write_store(tmp_path / "a.h5")
+    shutil.copy(tmp_path / "a.h5", tmp_path / "copy.h5")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "spdnn_mpi", "infer", "--backend", "cpu", "--threads", "1",
+           "--quiet", "--check", "--out", str(tmp_path / "c.tsv")]
+    proc = subprocess.run([mpiexec, "-n", "1", *cmd, str(tmp_path / "a.h5"), ":",
+                           "-n", "1", *cmd, str(tmp_path / "copy.h5")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "c.tsv", dtype=np.int64), expected)

@@ -118,3 +118,16 @@ def test_compression_on_every_rank_matches_off(comm, tmp_path_factory, backend):
         events = reports["auto"]["compression"]
         assert events[0]["layer"] == 1 and events[0]["representatives"] < events[0]["rows"]
         assert reports["auto"]["computed_edges"] < reports["off"]["computed_edges"]
+
+
+def test_ranks_given_different_options_stop_together(comm, tmp_path_factory):
+    path, expected = make_store(comm, tmp_path_factory, 50)
+    layers = 4 if comm.Get_rank() == 0 else 3
+    opts = RunOptions(store=path, backend="cpu", threads=1, layers=layers)
+    if comm.Get_size() == 1:  # one rank always agrees with itself
+        report = distributed_infer(comm, opts)
+        np.testing.assert_array_equal(report["_categories"], expected)
+        return
+    with pytest.raises(SpdnnError, match="ranks disagree on --layers: rank 0 has --layers 4, "
+                                         "rank 1 has --layers 3"):
+        distributed_infer(comm, opts)
