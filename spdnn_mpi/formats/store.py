@@ -142,26 +142,27 @@ class Store:
         """0-based layer ``k``, validated (shapes, row pointer, index range, finite values)."""
         g = self._layer_group(k)
         where = f"{self.path}: network/{layer_key(k)}"
-        n_in = validate.integer_attr(where, g.attrs, "n_in", 1)
-        n_out = validate.integer_attr(where, g.attrs, "n_out", 1)
-        nnz = validate.integer_attr(where, g.attrs, "nnz", 0)
-        regular = "row_degree" in g.attrs
+        attrs = dict(g.attrs)  # one read of every attribute; the checks use this copy
+        members = set(g.keys())
         indices = self._read(g, "indices")
-        indptr = None if regular else self._read(g, "indptr")
-        values = self._read(g, "values") if "values" in g else None
-        bias_vec = self._read(g, "bias") if "bias" in g else None
+        indptr = None if "row_degree" in attrs else self._read(g, "indptr")
+        values = self._read(g, "values") if "values" in members else None
+        bias_vec = self._read(g, "bias") if "bias" in members else None
         t0 = time.perf_counter()
+        n_in = validate.integer_attr(where, attrs, "n_in", 1)
+        n_out = validate.integer_attr(where, attrs, "n_out", 1)
+        nnz = validate.integer_attr(where, attrs, "nnz", 0)
         validate.check_indices(where, "indices", indices, n_in)
         if len(indices) != nnz:
             raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
-        if regular:
-            degree = validate.integer_attr(where, g.attrs, "row_degree", 0)
+        if indptr is None:
+            degree = validate.integer_attr(where, attrs, "row_degree", 0)
             if degree * n_out != nnz:
                 raise StoreError(f"{where}: row_degree {degree} x {n_out} rows != nnz {nnz}")
             indptr = np.arange(n_out + 1, dtype=np.int64) * degree
         else:
             validate.check_row_pointer(where, "indptr", indptr, n_out, nnz)
-        if (values is None) != ("uniform_value" in g.attrs):
+        if (values is None) != ("uniform_value" in attrs):
             raise StoreError(f"{where}: needs exactly one of dataset values and "
                              "attribute uniform_value")
         uniform = None
@@ -169,16 +170,16 @@ class Store:
             validate.check_vector(where, "values", values, np.float32, nnz)
             validate.check_finite(where, "values", values)
         else:
-            uniform = validate.real_attr(where, g.attrs, "uniform_value")
+            uniform = validate.real_attr(where, attrs, "uniform_value")
         if bias_vec is not None:
-            if "bias" in g.attrs:
+            if "bias" in attrs:
                 raise StoreError(f"{where}: both a bias dataset and a bias attribute")
             validate.check_vector(where, "bias", bias_vec, np.float32, n_out)
             validate.check_finite(where, "bias", bias_vec)
             bias: float | np.ndarray = bias_vec
         else:
-            bias = validate.real_attr(where, g.attrs, "bias") if "bias" in g.attrs else 0.0
-        clip = validate.clip_attr(where, g.attrs)
+            bias = validate.real_attr(where, attrs, "bias") if "bias" in attrs else 0.0
+        clip = validate.clip_attr(where, attrs)
         self._timed(t0)
         try:
             return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip)
