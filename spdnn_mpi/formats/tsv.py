@@ -29,6 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError
+from spdnn_mpi.formats.tsv_counts import (  # noqa: F401 - STRAY_EMPTY_IMAGES re-exported
+    STRAY_EMPTY_IMAGES,
+    RowCounts,
+    check_stray_id,
+)
 from spdnn_mpi.formats.tsv_kernels import (
     E_BLANK,
     E_COLUMNS,
@@ -289,7 +294,7 @@ def read_images(
     vals_parts: list[np.ndarray | None] = []
     run_rows: list[np.ndarray] = []
     run_lens: list[np.ndarray] = []
-    counts: _RowCounts | None = None  # set once the order is broken
+    counts: RowCounts | None = None  # set once the order is broken
     binary = True
     prev_row, prev_col, done = -1, -1, 0
     for a, b, v in blocks():
@@ -314,7 +319,7 @@ def read_images(
                     prev_row, prev_col = int(a[-1]), int(b[-1])
                 done += len(a)
                 continue
-            counts = _RowCounts(bounded=n_rows is not None)
+            counts = RowCounts(bounded=n_rows is not None)
             for r, n in zip(run_rows, run_lens):
                 counts.add(r, n)
             cols_parts, vals_parts, run_rows, run_lens = [], [], [], []
@@ -327,7 +332,7 @@ def read_images(
         if n_rows is None:
             n_rows = int(rr[-1]) + 1 if len(rr) else 0
             distinct = 1 + int(np.count_nonzero(np.diff(rr))) if len(rr) else 0
-            _check_stray_id(path, n_rows, distinct, blocks)
+            check_stray_id(path, n_rows, distinct, blocks)
         indptr = np.zeros(n_rows + 1, dtype=np.int64)
         np.add.at(indptr, rr + 1, rl)
         np.cumsum(indptr, out=indptr)
@@ -346,7 +351,7 @@ def read_images(
     # pass 2: place every entry at its row's next free slot
     used, distinct = counts.top_and_distinct()
     if n_rows is None:
-        _check_stray_id(path, used, distinct, blocks)
+        check_stray_id(path, used, distinct, blocks)
         n_rows = used
     counts = counts.counts()
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
@@ -381,89 +386,6 @@ def read_images(
                 )
             offset += len(a)
     return SparseRows(n_cols, indptr, cols, None if binary else vals)
-
-
-#: Without --images, the largest image id sets the number of images; it is refused as
-#: a likely stray id when that makes more empty images than non-empty ones, and more
-#: than this many (one stray id of 10^6 would otherwise make 998,000 empty images).
-STRAY_EMPTY_IMAGES = 1000
-
-
-def _check_stray_id(path: Path, top: int, distinct: int, blocks) -> None:
-    """Refuse a largest id ``top`` far beyond the ``distinct`` ids (see STRAY_EMPTY_IMAGES)."""
-    empty = top - distinct
-    if empty <= max(distinct, STRAY_EMPTY_IMAGES):
-        return
-    line, seen = None, 0
-    for a, _, _ in blocks():  # error path only: the line of that id
-        hit = np.flatnonzero(a == top - 1)
-        if len(hit):
-            line = seen + int(hit[0]) + 1
-            break
-        seen += len(a)
-    raise InputFormatError(
-        path, line,
-        f"image id {top} is far beyond the {distinct} distinct image ids of the file "
-        f"({empty} of the images 1..{top} would be empty): a stray id? If the file really "
-        f"holds {top} images, say so with --images {top}",
-    )
-
-
-class _RowCounts:
-    """Entries per image id, dense up to a cap that grows with the lines read.
-
-    Ids far beyond the cap (a stray 10^9) are kept aside sparsely, so they cost
-    no memory before :func:`_check_stray_id` has looked at them.
-    """
-
-    def __init__(self, bounded: bool):
-        self.dense = np.zeros(0, dtype=np.int64)
-        self.far: list[tuple[np.ndarray, np.ndarray]] = []
-        self.lines = 0
-        self.bounded = bounded  # ids were checked against a given number of images
-
-    def add(self, rows: np.ndarray, lengths: np.ndarray | None = None) -> None:
-        if not len(rows):
-            return
-        self.lines += len(rows) if lengths is None else int(lengths.sum())
-        cap = max(4 * self.lines, 1 << 22)
-        if not self.bounded and int(rows.max()) >= cap:
-            far = rows >= cap
-            ids, inverse = np.unique(rows[far], return_inverse=True)
-            weights = None if lengths is None else lengths[far]
-            self.far.append((ids, np.bincount(inverse, weights=weights).astype(np.int64)))
-            rows = rows[~far]
-            lengths = None if lengths is None else lengths[~far]
-        self.dense = _add_counts(self.dense, rows, lengths)
-
-    def top_and_distinct(self) -> tuple[int, int]:
-        """(largest id + 1, number of distinct ids)."""
-        nonzero = np.flatnonzero(self.dense)
-        top = int(nonzero[-1]) + 1 if len(nonzero) else 0
-        far = np.unique(np.concatenate([ids for ids, _ in self.far])) if self.far else []
-        if len(far):
-            top = max(top, int(far[-1]) + 1)
-        return top, len(nonzero) + len(far)
-
-    def counts(self) -> np.ndarray:
-        """Entries per id as one dense array (the far ids merged in)."""
-        for ids, cnt in self.far:
-            self.dense = _add_counts(self.dense, ids, cnt)
-        self.far = []
-        return self.dense
-
-
-def _add_counts(counts: np.ndarray, rows: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
-    """``counts[r] += lengths`` (or 1) for each r in ``rows``, growing ``counts`` as needed."""
-    if not len(rows):
-        return counts
-    top = int(rows.max()) + 1
-    if top > len(counts):
-        grown = np.zeros(max(top, 2 * len(counts)), dtype=np.int64)
-        grown[: len(counts)] = counts
-        counts = grown
-    counts[:top] += np.bincount(rows, weights=lengths, minlength=top).astype(np.int64)
-    return counts
 
 
 def read_categories(path: str | os.PathLike, n_images: int | None = None) -> np.ndarray:
