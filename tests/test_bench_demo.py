@@ -78,3 +78,12 @@ def test_demo_generates_once_then_reuses(tmp_path, capsys):
     assert main(argv) == 0
     second = capsys.readouterr()
     assert "PASSED" in second.out and "using cached" in second.err
+
+
+def test_bench_refuses_zero_layers_and_a_json_over_its_store(tiny_store, capsys):
+    assert main(["bench", str(tiny_store), "--layers", "0", "--quiet", "--repeat", "1"]) == 2
+    assert "0 layers asked for, store has 12" in capsys.readouterr().err
+    before = tiny_store.read_bytes()
+    assert main(["bench", str(tiny_store), "--json", str(tiny_store), "--quiet"]) == 2
+    assert "refusing to write over an input" in capsys.readouterr().err
+    assert tiny_store.read_bytes() == before

@@ -221,7 +221,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     from spdnn_mpi.report import edges_per_second
 
     with Store(store_path) as store:
-        n_layers = n_layers or store.n_layers
+        n_layers = store.n_layers if n_layers is None else n_layers  # 0 is refused, not "all"
         t0 = time.perf_counter()
         network = store.network(n_layers)
         rows = store.inputs()
