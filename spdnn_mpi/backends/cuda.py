@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.backends.cuda_merge import DeviceMerge
 from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.errors import SpdnnError
@@ -140,7 +141,6 @@ class CudaBackend:
         self._peak = 0
         self._info: dict = {}
         self._batch_live: list[int] = []
-        self._merge_cap = 0
         self._held = 0  # > 0: at most this many rows (one tile) held since a merge
         self._merging = False  # merges ran: graphs are captured in both forms
 
@@ -170,9 +170,7 @@ class CudaBackend:
         compile_s = time.perf_counter() - t_compile
         self._compact = self._mod.get_function("compact_rows")
         self._stamp = self._mod.get_function("stamp")
-        self._merge_k = {name: self._mod.get_function(name) for name in
-                         ("row_hashes", "group_heads", "compare_heads", "mark_reps", "plan_reps",
-                          "emit_groups")}
+        self._merger = DeviceMerge(cp, self._mod, self.sms)
         self._scatter = {
             "u16": self._mod.get_function("scatter_rows<u16>"),
             "int": self._mod.get_function("scatter_rows<int>"),
@@ -397,68 +395,28 @@ class CudaBackend:
         """Launch the queued layers (a cached graph per piece); returns at once."""
         self._flush()
 
-    def _merge_buffers(self, n: int):
-        """Scratch arrays of the merge, grown to ``n`` slots and kept."""
-        cp = self._cp
-        if n > self._merge_cap:
-            cap = max(n, 2 * self._merge_cap)
-            with self._dev:
-                self._mb = {"keys": cp.empty(cap, dtype=np.uint64),
-                            "head": cp.empty(cap, dtype=np.int32),
-                            "owner": cp.empty(cap, dtype=np.int32),
-                            "differs": cp.empty(-(-cap // 32), dtype=np.uint32),
-                            "out": cp.empty(2 * cap + 1, dtype=np.int32)}
-            self._merge_cap = cap
-        return self._mb
-
     def check_pays(self, fall: float | None, held_values: int) -> bool:
         """A check here costs a sort and two copies to the host: only once rows
         stop dying fast (``compression.fall_rule``)."""
         return fall_rule(fall, held_values)
 
     def merge_duplicate_rows(self) -> RowGroups:
-        """Hash the held rows, sort the hashes, compare exactly, compact the
-        representatives; only their positions travel to the host (one copy)."""
-        cp = self._cp
+        """Merge the identical rows held now, on the device (``cuda_merge``)."""
         self._flush()
         self._merging = True
         k = self._layers_run - 1
-        width = self._layers[k]["n_out"]
-        mk = self._merge_k
         with self._dev, self._stream:
             n = int(self._state[ST_ROWS].get())  # after the queued layers
             if n == 0:
                 empty = np.zeros(0, np.int64)
                 return RowGroups(0, empty, empty, empty)
-            mb = self._merge_buffers(n)
-            keys = mb["keys"][:n]
-            keys.fill(0)
-            mb["differs"][: -(-n // 32)].fill(0)
-            chunked = -(-n // 32) * -(-width // 256)  # warps of the (tile, chunk) kernels
-            grid = (max(1, min(-(-chunked // 8), self.sms * 16)),)
-            slots = (max(1, min(-(-n // 256), self.sms * 8)),)
-            mk["row_hashes"](grid, (256,), (self._ptrs, self._state, np.int32(width), keys))
-            order = cp.argsort(keys)  # stable: a run's first slot is its smallest
-            mk["group_heads"](slots, (256,), (keys, order, np.int32(n), mb["head"]))
-            mk["compare_heads"](grid, (256,), (self._ptrs, self._state, np.int32(width),
-                                               mb["head"], mb["differs"]))
-            mk["mark_reps"](slots, (256,), (self._state, mb["head"], mb["differs"],
-                                            self._masks[k & 1], mb["owner"]))
-            mk["plan_reps"]((1,), (512,), (self._ptrs, self._state, self._stamps, np.int32(k),
-                                           mb["out"]))
-            mk["emit_groups"](slots, (256,), (self._ptrs, self._state, np.int32(k), mb["owner"],
-                                              mb["out"]))
-            self._compact((self.sms * 8,), (256,),
-                          (self._ptrs, np.int32(width), self._state, self._stamps, np.int32(k)))
-            out = mb["out"][: 2 * n + 1].get().astype(np.int64)
-        reps = int(out[0])
-        kept = out[1 : 1 + reps]
-        members = out[1 + reps : 1 + n]
-        owners = out[1 + n : 1 + 2 * n - reps]
-        if reps <= lay.TILE_ROWS:  # one tile from here on: few rows, small grids
-            self._held = lay.rows_bucket(max(1, reps))
+            groups = self._merger.merge(ptrs=self._ptrs, state=self._state, stamps=self._stamps,
+                                        mask=self._masks[k & 1], compact=self._compact, n=n,
+                                        width=self._layers[k]["n_out"], k=k)
+        if groups.representatives <= lay.TILE_ROWS:  # one tile from here on: few rows
+            self._held = lay.rows_bucket(max(1, groups.representatives))
         self._track_peak()
-        return RowGroups(n, kept, members, owners)
+        return groups
 
     def live_count(self) -> int:
         """Rows alive after the last layer run (waits for the device)."""
