@@ -1,6 +1,7 @@
 // One fused pass per layer: gather the inputs of each output neuron, sum,
 // scale (uniform weights) or multiply-add (general weights), add the bias,
-// ReLU, clip, write the output once and mark the rows still alive.  The last
+// activation (a lower bound: 0 for ReLU, -inf for none), clip, write the
+// output once and mark the rows still alive (any output nonzero).  The last
 // block to finish runs the plan (spdnn_common.cuh), so the layer loop never
 // returns to the host.
 //
@@ -24,6 +25,7 @@ struct LayerArgs {
   float scale;  // uniform weight (1 when values are given)
   float bias_s;  // scalar bias, used when bias_v is null
   const float* bias_v;
+  float floor;  // 0 for ReLU, -inf for no activation
   float clip;  // +inf for none
   int* state;
   u32* masks;  // two parities of max_tiles words
@@ -39,7 +41,7 @@ struct LayerArgs {
 // gathered into LayerArgs inside the kernel.
 #define LAYER_PARAMS                                                                     \
   const i64 *ptrs, int n_in, int n_out, float scale, float bias_s, const float *bias_v,    \
-      float clip, int *state, int *live_hist, u64 *stamps, int k, int drop_dead
+      float floor, float clip, int *state, int *live_hist, u64 *stamps, int k, int drop_dead
 #define LAYER_ARGS                                                                   \
   const LayerArgs a = {reinterpret_cast<float*>(ptrs[P_BUF0]),                       \
                        reinterpret_cast<float*>(ptrs[P_BUF1]),                       \
@@ -49,6 +51,7 @@ struct LayerArgs {
                        scale,                                                        \
                        bias_s,                                                       \
                        bias_v,                                                       \
+                       floor,                                                        \
                        clip,                                                         \
                        state,                                                        \
                        reinterpret_cast<u32*>(ptrs[P_MASKS]),                        \
@@ -63,9 +66,9 @@ __device__ __forceinline__ float bias_of(int j, const LayerArgs& a) {
   return a.bias_v ? __ldg(a.bias_v + j) : a.bias_s;
 }
 
-// scale * acc + bias, then ReLU and the clip.
+// scale * acc + bias, then the activation (ReLU: floor 0; none: floor -inf) and the clip.
 __device__ __forceinline__ float activate(float acc, float b, const LayerArgs& a) {
-  return fminf(fmaxf(fmaf(acc, a.scale, b), 0.0f), a.clip);
+  return fminf(fmaxf(fmaf(acc, a.scale, b), a.floor), a.clip);
 }
 
 __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) {
@@ -171,8 +174,8 @@ __device__ __forceinline__ u32 store_rows4(float4 acc, int j, const LayerArgs& a
   const float4 y = make_float4(activate(acc.x, b, a), activate(acc.y, b, a),
                                activate(acc.z, b, a), activate(acc.w, b, a));
   *reinterpret_cast<float4*>(out + (i64)j * 32) = y;
-  return (u32)(y.x > 0.0f) | (u32)(y.y > 0.0f) << 1 | (u32)(y.z > 0.0f) << 2 |
-         (u32)(y.w > 0.0f) << 3;
+  return (u32)(y.x != 0.0f) | (u32)(y.y != 0.0f) << 1 | (u32)(y.z != 0.0f) << 2 |
+         (u32)(y.w != 0.0f) << 3;
 }
 
 // One ELL layer: the block takes a contiguous range of the (tile, output step)
@@ -305,7 +308,7 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
       }
       const float y = epilogue(acc, j, a);
       out[(i64)j * 32] = y;
-      alive |= y > 0.0f;
+      alive |= y != 0.0f;
     }
     const u32 b = __ballot_sync(0xffffffffu, alive);
     if (lane == 0 && b) atomicOr(&s_alive, b);

@@ -18,7 +18,7 @@ from spdnn_mpi.backends import make_backend, resolve_backend_name
 from spdnn_mpi.engine import InferenceResult, run_inference
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.formats.store import Store
-from spdnn_mpi.model import Layer, Network
+from spdnn_mpi.model import ACTIVATIONS, Layer, Network
 from spdnn_mpi.outputs import check_distinct, check_output
 from spdnn_mpi.report import edges_per_second, machine_info
 
@@ -109,7 +109,8 @@ def merge_events(batches: list[list[dict]]) -> list[dict]:
 
 def _layer_arrays(layer: Layer) -> list[np.ndarray]:
     meta = np.array([layer.n_in, layer.n_out, layer.values is None, layer.bias_is_scalar,
-                     layer.clip is not None], dtype=np.int64)
+                     layer.clip is not None, ACTIVATIONS.index(layer.activation)],
+                    dtype=np.int64)
     scalars = np.array([layer.uniform_value or 0.0, layer.bias if layer.bias_is_scalar else 0.0,
                         layer.clip or 0.0], dtype=np.float64)
     values = layer.values if layer.values is not None else np.zeros(0, np.float32)
@@ -119,13 +120,14 @@ def _layer_arrays(layer: Layer) -> list[np.ndarray]:
 
 def _layer_from_arrays(a: list[np.ndarray]) -> Layer:
     meta, scalars, indptr, indices, values, bias = a
-    n_in, n_out, uniform, scalar_bias, has_clip = (int(x) for x in meta)
+    n_in, n_out, uniform, scalar_bias, has_clip, activation = (int(x) for x in meta)
     return Layer(
         n_in, n_out, indptr, indices,
         None if uniform else values,
         float(scalars[0]) if uniform else None,
         float(scalars[1]) if scalar_bias else bias,
         float(scalars[2]) if has_clip else None,
+        ACTIVATIONS[activation],
     )
 
 
@@ -140,7 +142,7 @@ def load_network(local_comm, store: Store, n_layers: int, mode: str) -> Network:
     for k in range(n_layers):
         arrays = _layer_arrays(net.layers[k]) if net is not None else None
         layers.append(_layer_from_arrays(mpi.broadcast_arrays(local_comm, arrays)))
-    return Network(layers, store.provenance)
+    return Network(layers, store.provenance, store.readout)
 
 
 def distributed_infer(comm, opts: RunOptions) -> dict | None:

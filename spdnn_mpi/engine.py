@@ -1,7 +1,8 @@
 """The layer loop, written once, over any backend.
 
-For each layer the backend computes ``Y <- min(max(Y @ W + b, 0), clip)`` for
-its active rows and marks which rows are still nonzero; where that is exact
+For each layer the backend computes ``Y <- min(max(Y @ W + b, floor), clip)``
+(floor 0 for ReLU, -inf for no activation) for its active rows and marks
+which rows still have a nonzero; where that is exact
 (every later layer maps a zero row to zero) the backend drops the dead rows
 before the next layer, keeping their original image ids. Inputs that do not
 fit are processed in batches with identical results. With compression on

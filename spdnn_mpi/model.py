@@ -20,6 +20,13 @@ CHALLENGE_NEURONS = (1024, 4096, 16384, 65536)
 CHALLENGE_LAYERS = (120, 480, 1920)
 CHALLENGE_IMAGES = 60000
 
+#: Per-layer activations: ``relu`` (the challenge's, hidden layers) or ``none``
+#: (a linear output layer, e.g. the logits of a classifier).
+ACTIVATIONS = ("relu", "none")
+#: What a run reports: ``alive`` (the challenge's categories: ids of the images
+#: whose final row has a nonzero) or ``argmax`` (one predicted class per image).
+READOUTS = ("alive", "argmax")
+
 
 def challenge_bias(neurons: int) -> float:
     """Bias of the challenge network with ``neurons`` neurons.
@@ -39,12 +46,14 @@ def index_dtype(extent: int) -> np.dtype:
 
 @dataclass
 class Layer:
-    """One layer ``y = min(max(x @ W + bias, 0), clip)`` with W stored as CSR of W^T.
+    """One layer ``y = min(act(x @ W + bias), clip)`` with W stored as CSR of W^T.
 
     ``values`` is None when every weight equals ``uniform_value`` (the
     challenge's 1/16), so that case carries no value array. ``bias`` is a
     Python float or a float32 vector of length ``n_out``; ``clip`` None means
-    no upper clip.
+    no upper clip. ``activation`` is ``relu`` (``act(z) = max(z, 0)``) or
+    ``none`` (``act(z) = z``); every backend writes it as
+    ``min(max(z, floor), clip)`` with ``floor`` 0 or -inf.
     """
 
     n_in: int
@@ -55,8 +64,13 @@ class Layer:
     uniform_value: float | None = None
     bias: float | np.ndarray = 0.0
     clip: float | None = None
+    activation: str = "relu"
 
     def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation {self.activation!r}; choose from {', '.join(ACTIVATIONS)}"
+            )
         if (self.values is None) == (self.uniform_value is None):
             raise ValueError("a layer needs exactly one of values or uniform_value")
         if len(self.indptr) != self.n_out + 1:
@@ -87,12 +101,29 @@ class Layer:
         return None
 
     @property
-    def maps_zero_to_zero(self) -> bool:
-        """True when an all-zero input row gives an all-zero output (every bias <= 0).
+    def floor(self) -> float:
+        """Lower bound of the fused epilogue: 0 for ReLU, -inf for no activation."""
+        return 0.0 if self.activation == "relu" else -math.inf
 
-        Only then may a dead row be dropped: it can never come back.
+    @property
+    def maps_zero_to_zero(self) -> bool:
+        """True when an all-zero input row gives an all-zero output.
+
+        ReLU: every bias <= 0; no activation: every bias == 0 (and, for both,
+        a clip that keeps 0 at 0). Only then may a dead row be dropped: it can
+        never come back.
         """
-        return bool(np.all(np.asarray(self.bias) <= 0))
+        bias = np.asarray(self.bias)
+        ok = np.all(bias <= 0) if self.activation == "relu" else np.all(bias == 0)
+        return bool(ok) and (self.clip is None or self.clip >= 0)
+
+    def activate(self, z: np.ndarray) -> np.ndarray:
+        """The epilogue after the bias, in place on float32 ``z``: activation, then clip."""
+        if self.activation == "relu":
+            np.maximum(z, 0, out=z)
+        if self.clip is not None:
+            np.minimum(z, np.float32(self.clip), out=z)
+        return z
 
     def weight_values(self) -> np.ndarray:
         """Per-nonzero float32 values (materialised when uniform)."""
@@ -126,6 +157,7 @@ class Layer:
         *,
         bias: float | np.ndarray = 0.0,
         clip: float | None = None,
+        activation: str = "relu",
     ) -> Layer:
         """Build from 0-based (input i, output j, value) triples of W(i, j).
 
@@ -142,16 +174,22 @@ class Layer:
         np.cumsum(counts, out=indptr[1:])
         vals = values[order]
         if len(vals) and np.all(vals == vals[0]):
-            return cls(n_in, n_out, indptr, indices, None, float(vals[0]), bias, clip)
-        return cls(n_in, n_out, indptr, indices, vals, None, bias, clip)
+            return cls(n_in, n_out, indptr, indices, None, float(vals[0]), bias, clip,
+                       activation)
+        return cls(n_in, n_out, indptr, indices, vals, None, bias, clip, activation)
 
 
 @dataclass
 class Network:
-    """An ordered list of layers plus where it came from."""
+    """An ordered list of layers, its readout (see ``READOUTS``) and where it came from."""
 
     layers: list[Layer]
     provenance: dict = field(default_factory=dict)
+    readout: str = "alive"
+
+    def __post_init__(self) -> None:
+        if self.readout not in READOUTS:
+            raise ValueError(f"readout {self.readout!r}; choose from {', '.join(READOUTS)}")
 
     @property
     def n_layers(self) -> int:
@@ -168,7 +206,7 @@ class Network:
     def truncated(self, n_layers: int) -> Network:
         if not 1 <= n_layers <= len(self.layers):
             raise ValueError(f"asked for {n_layers} layers; the network has {len(self.layers)}")
-        return Network(self.layers[:n_layers], self.provenance)
+        return Network(self.layers[:n_layers], self.provenance, self.readout)
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """The plain reference every fast path is tested against (scipy.sparse, no tricks).
 
-It applies ``Y <- min(max(Y @ W + b, 0), clip)`` to whole feature matrices.
-The only economy is dropping rows that are all zero, and only where that is
-exact: when every remaining layer maps a zero row to a zero row (bias <= 0).
+It applies ``Y <- min(act(Y @ W + b), clip)`` (``act`` ReLU or none) to whole
+feature matrices. The only economy is dropping rows that are all zero, and
+only where that is exact: when every remaining layer maps a zero row to a
+zero row (``Layer.maps_zero_to_zero``). A row is alive when any of its values
+is nonzero.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from spdnn_mpi.model import Network, SparseRows
+from spdnn_mpi.readout import classes_of_rows
 
 
 def droppable_after(network: Network) -> list[bool]:
@@ -33,10 +36,7 @@ def forward_dense(network: Network, features: np.ndarray) -> np.ndarray:
     for layer in network.layers:
         z = np.asarray(layer.to_scipy_t() @ y.T, dtype=np.float32).T
         z = z + layer.bias_vector()[None, :]
-        np.maximum(z, 0, out=z)
-        if layer.clip is not None:
-            np.minimum(z, np.float32(layer.clip), out=z)
-        y = z.astype(np.float32, copy=False)
+        y = layer.activate(z.astype(np.float32, copy=False))
     return y
 
 
@@ -74,10 +74,7 @@ def _reference_pass(network: Network, rows: SparseRows, counts):
     for k, layer in enumerate(network.layers):
         wt = layer.to_scipy_t()
         z = np.asarray(wt @ y.T, dtype=np.float32).T + layer.bias_vector()[None, :]
-        np.maximum(z, 0, out=z)
-        if layer.clip is not None:
-            np.minimum(z, np.float32(layer.clip), out=z)
-        y = np.ascontiguousarray(z, dtype=np.float32)
+        y = np.ascontiguousarray(layer.activate(z), dtype=np.float32)
         if k + 1 in counts:
             out[k + 1] = np.sort(ids[y.any(axis=1)]) + 1
         if drop[k + 1]:
@@ -90,3 +87,15 @@ def reference_categories(network: Network, rows: SparseRows) -> np.ndarray:
     """Sorted 1-based ids of the images whose final row has any nonzero."""
     ids, _ = reference_infer(network, rows)
     return np.sort(ids) + 1
+
+
+def reference_predictions(network: Network, rows: SparseRows) -> np.ndarray:
+    """One predicted class per row (0-based, int64): the argmax of its final features.
+
+    Ties go to the lowest index (``numpy.argmax``, ONNX ArgMax). A row dropped
+    as dead (only where every later layer maps zero to zero) has an all-zero
+    final row, so its class is that of a zero row: 0.
+    """
+    ids, y, _ = _reference_pass(network, rows, ())
+    return classes_of_rows(rows.n_rows, ids - rows.first_row, y)
+

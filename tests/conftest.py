@@ -35,14 +35,24 @@ def random_network(
     uniform: bool = False,
     bias: str = "scalar",
     clip: float | None = 32.0,
+    activations: str | list[str] = "relu",
 ) -> Network:
     """A random sparse MLP with the given layer widths.
 
     bias: "scalar" (negative), "vector" (per neuron, mostly negative),
     "positive" (some per-neuron biases > 0, so dead rows may not be dropped).
+    activations: one name for every layer, "mixed" (each layer ReLU or none at
+    random), or one name per layer.
     """
+    n_layers = len(widths) - 1
+    if activations == "mixed":
+        acts = [str(a) for a in rng.choice(["relu", "none"], n_layers)]
+    elif isinstance(activations, str):
+        acts = [activations] * n_layers
+    else:
+        acts = list(activations)
     layers = []
-    for n_in, n_out in zip(widths[:-1], widths[1:]):
+    for (n_in, n_out), act in zip(zip(widths[:-1], widths[1:]), acts):
         mask = rng.random((n_in, n_out)) < density
         i, j = np.nonzero(mask)
         vals = np.full(len(i), 0.25) if uniform else rng.normal(0.3, 0.5, len(i))
@@ -52,7 +62,8 @@ def random_network(
             b = rng.uniform(-0.6, 0.05, n_out).astype(np.float32)
         else:
             b = rng.uniform(-0.3, 0.3, n_out).astype(np.float32)
-        layers.append(Layer.from_coo(i, j, vals, n_in, n_out, bias=b, clip=clip))
+        layers.append(Layer.from_coo(i, j, vals, n_in, n_out, bias=b, clip=clip,
+                                     activation=act))
     return Network(layers)
 
 

@@ -40,11 +40,13 @@ def check_against_reference(network: Network, rows: SparseRows, backend_name: st
     bias=st.sampled_from(["scalar", "vector", "positive"]),
     clip=st.sampled_from([None, 32.0, 1.5]),
     binary=st.booleans(),
+    activations=st.sampled_from(["relu", "mixed"]),
 )
 def test_random_networks_match_reference(backend_name, seed, widths, n_rows, density, uniform,
-                                         bias, clip, binary):
+                                         bias, clip, binary, activations):
     rng = np.random.default_rng(seed)
-    net = random_network(rng, widths, density, uniform=uniform, bias=bias, clip=clip)
+    net = random_network(rng, widths, density, uniform=uniform, bias=bias, clip=clip,
+                         activations=activations)
     rows = random_inputs(rng, n_rows, widths[0], 0.15, binary)
     check_against_reference(net, rows, backend_name)
 

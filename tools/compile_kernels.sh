@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 # One unit that instantiates every kernel template the backend uses.
 {
   for f in "$root"/cuda/*.cu; do echo "#include \"$(basename "$f")\""; done
-  echo '#define P const i64*, int, int, float, float, const float*, float, int*, int*, u64*, int, int'
+  echo '#define P const i64*, int, int, float, float, const float*, float, float, int*, int*, u64*, int, int'
   for d in 8 16 32 64; do for form in "32,false" "32,true" "16,true" "8,true"; do
     echo "template __global__ void layer_ell_smem<$d,$form>(P, const u16*, const int*);"
     echo "template __global__ void layer_ell_global<$d,$form>(P, const u16*, const int*);"

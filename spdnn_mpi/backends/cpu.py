@@ -1,4 +1,4 @@
-"""Fast CPU backend: fused gather + bias + ReLU + clip + row-alive flag (numba).
+"""Fast CPU backend: fused gather + bias + activation + clip + row-alive flag (numba).
 
 Rows are kept in neuron-major tiles (see ``cpu_kernels``); dead rows are
 dropped by compacting the survivors into the spare buffer, so memory holds
@@ -63,6 +63,7 @@ class CpuBackend:
                 else np.asarray(lay.values, np.float32),
                 uniform,
                 np.ascontiguousarray(lay.bias_vector(), dtype=np.float32),
+                np.float32(lay.floor),
                 np.float32(np.inf if lay.clip is None else lay.clip),
                 lay.n_out,
             ))
@@ -113,10 +114,10 @@ class CpuBackend:
         self._layer_seconds.append(time.perf_counter() - t0)
 
     def _run_layer(self, k: int, drop_dead: bool) -> None:
-        indptr, indices, vals, uniform, bias, clip, n_out = self._layers[k]
+        indptr, indices, vals, uniform, bias, floor, clip, n_out = self._layers[k]
         kernel = self._k.layer_tiles if self._n_tiles > 1 else self._k.layer_tiles_serial
-        kernel(self._cur, self._spare, self._n_tiles, indptr, indices, vals, uniform, bias, clip,
-               self._alive)
+        kernel(self._cur, self._spare, self._n_tiles, indptr, indices, vals, uniform, bias, floor,
+               clip, self._alive)
         self._cur, self._spare = self._spare, self._cur
         self._cur_width = n_out
         alive = self._alive[: self._n_active]
@@ -192,7 +193,7 @@ class CpuBackend:
             "threads": self.threads,
             "tile_rows": self.tile_rows,
             "cpu_count": os.cpu_count(),
-            "kernel": "numba fused gather/bias/relu/clip/alive, neuron-major tiles",
+            "kernel": "numba fused gather/bias/activation/clip/alive, neuron-major tiles",
         }
 
 

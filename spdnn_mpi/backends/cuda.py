@@ -232,7 +232,7 @@ class CudaBackend:
                     "threads": threads,
                     "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
                     "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
-                             bias_v, clip),
+                             bias_v, np.float32(layer.floor), clip),
                     "extra": extra,
                 })
                 width = max(width, layer.n_in, layer.n_out)

@@ -22,7 +22,7 @@ class ReferenceBackend:
         self._layers: list = []
 
     def load_network(self, layers: Sequence[Layer]) -> None:
-        self._layers = [(lay.to_scipy_t(), lay.bias_vector(), lay.clip) for lay in layers]
+        self._layers = [(lay.to_scipy_t(), lay.bias_vector(), lay) for lay in layers]
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
         self._pos = np.arange(rows.n_rows, dtype=np.int64)
@@ -36,12 +36,9 @@ class ReferenceBackend:
         """Nothing queued: every call runs to completion."""
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
-        wt, bias, clip = self._layers[k]
+        wt, bias, layer = self._layers[k]
         z = np.asarray(wt @ self._y.T, dtype=np.float32).T + bias[None, :]
-        np.maximum(z, 0, out=z)
-        if clip is not None:
-            np.minimum(z, np.float32(clip), out=z)
-        self._y = np.ascontiguousarray(z)
+        self._y = np.ascontiguousarray(layer.activate(z))
         alive = self._y.any(axis=1)
         self._live.append(int(alive.sum()))
         if drop_dead:

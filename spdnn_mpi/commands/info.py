@@ -26,6 +26,10 @@ def describe(path: str | Path) -> dict:
             str(n_l): {"survivors": len(store.truth(n_l)), "computed_by": store.truth_source(n_l)}
             for n_l in info["truth_layers"]
         }
+        info["predictions"] = {
+            str(n_l): {"computed_by": store.predictions_source(n_l)}
+            for n_l in info["prediction_layers"]
+        }
     return info
 
 
@@ -53,6 +57,8 @@ def format_text(info: dict) -> str:
         f"created {info['created'] or 'unknown'})",
         f"network      {info['n_layers']} layers, {info['neurons_in']} -> {info['neurons_out']} "
         f"neurons, {info['edges']:,} edges",
+        f"readout      {info['readout']}; activations "
+        + ", ".join(f"{name} x {count}" for name, count in sorted(info["activations"].items())),
     ]
     if "images" in info:
         density = info["input_nnz"] / max(info["images"] * (info["neurons_in"] or 1), 1)
@@ -69,8 +75,12 @@ def format_text(info: dict) -> str:
             lines.append(
                 f"{head:<13}{n_l} layers: {t['survivors']:,} surviving images ({t['computed_by']})"
             )
-    else:
+    elif not info["predictions"]:
         lines.append("truth        none")
+    for n_l, t in info["predictions"].items():
+        lines.append(f"predictions  {n_l} layers: one class per image ({t['computed_by']})")
+    if "labels" in info:
+        lines.append(f"labels       {info['labels']:,} true classes")
     flat: list[tuple[str, str]] = []
     _flatten("", info.get("provenance") or {}, flat)
     for k, (key, value) in enumerate(flat):

@@ -7,9 +7,11 @@ reader still understands to ``SUPPORTED_SCHEMA_VERSIONS``.
 from __future__ import annotations
 
 FORMAT_NAME = "spdnn_mpi.store"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Schema versions this code reads (a set: a new version is added here with its reader).
-SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+#: 1: before per-layer activations, the network readout, labels and predictions
+#: (its layers read as ReLU layers, its readout as ``alive``).
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1, 2})
 
 
 def layer_key(k: int) -> str:

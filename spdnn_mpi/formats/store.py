@@ -3,7 +3,9 @@
 Every rank loads from this format, so it is versioned and checked on open,
 and every array is validated (``formats.validate``) when read. The schema is
 documented in ``docs/store.md`` and named in ``formats.schema``; writing is
-``formats.store_writer``.
+``formats.store_writer``. Version 2 added per-layer activations, the
+network's readout, true labels and reference predictions; version 1 stores
+(ReLU layers, the ``alive`` readout) still read.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from spdnn_mpi.formats.schema import (  # noqa: F401 - re-exported for users of 
     layer_key,
 )
 from spdnn_mpi.formats.store_writer import StoreWriter  # noqa: F401 - re-exported
-from spdnn_mpi.model import Layer, Network, SparseRows
+from spdnn_mpi.model import ACTIVATIONS, READOUTS, Layer, Network, SparseRows
 
 
 class Store:
@@ -74,6 +76,10 @@ class Store:
         if not isinstance(net, h5py.Group) or "n_layers" not in net.attrs:
             raise StoreError(f"{self.path}: store has no network")
         self.n_layers = validate.integer_attr(f"{self.path}: network", net.attrs, "n_layers", 1)
+        self.readout = str(net.attrs.get("readout", "alive"))  # schema 1: the challenge's
+        if self.readout not in READOUTS:
+            raise StoreError(f"{self.path}: network readout {self.readout!r} is not one of "
+                             f"{', '.join(READOUTS)}")
         try:
             self.provenance = json.loads(attrs.get("provenance", "{}"))
         except (TypeError, ValueError):
@@ -180,9 +186,13 @@ class Store:
         else:
             bias = validate.real_attr(where, attrs, "bias") if "bias" in attrs else 0.0
         clip = validate.clip_attr(where, attrs)
+        activation = str(attrs.get("activation", "relu"))  # schema 1: always ReLU
+        if activation not in ACTIVATIONS:
+            raise StoreError(f"{where}: activation {activation!r} is not one of "
+                             f"{', '.join(ACTIVATIONS)}")
         self._timed(t0)
         try:
-            return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip)
+            return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
         except ValueError as exc:
             raise StoreError(f"{where}: {exc}") from None
 
@@ -209,7 +219,7 @@ class Store:
                     f"{self.path}: layer {k + 1} has {layers[k].n_in} inputs, "
                     f"layer {k} has {layers[k - 1].n_out} outputs"
                 )
-        return Network(layers, self.provenance)
+        return Network(layers, self.provenance, self.readout)
 
     def _check_layer_count(self, n_layers: int | None) -> int:
         if n_layers is None:
@@ -319,12 +329,70 @@ class Store:
             return None
         return str(group[key].attrs.get("computed_by", "unknown"))
 
+    # -- labels and predictions (argmax readout) ----------------------------
+    def _classes(self, group: h5py.Group, key: str, what: str) -> np.ndarray:
+        """A per-image class vector, validated: integers, one per image, >= 0."""
+        classes = self._read(group, key)
+        where = f"{self.path}: {group.name[1:] + '/' if group.name != '/' else ''}{key}"
+        if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
+            raise StoreError(f"{where}: {what} must be a vector of integers")
+        if self.has_inputs and len(classes) != self.n_images:
+            raise StoreError(f"{where}: {len(classes)} {what} for {self.n_images} images")
+        if len(classes) and int(classes.min()) < 0:
+            raise StoreError(f"{where}: negative class {int(classes.min())}")
+        return classes.astype(np.int64)
+
+    @property
+    def has_labels(self) -> bool:
+        return isinstance(self._file.get("labels"), h5py.Dataset)
+
+    def labels(self) -> np.ndarray | None:
+        """True 0-based class of every image, if stored."""
+        return self._classes(self._file, "labels", "labels") if self.has_labels else None
+
+    def _predictions_group(self) -> h5py.Group | None:
+        group = self._file.get("predictions")
+        return group if isinstance(group, h5py.Group) else None
+
+    def prediction_layers(self) -> list[int]:
+        group = self._predictions_group()
+        if group is None:
+            return []
+        return sorted(
+            validate.integer_attr(f"{self.path}: {d.name[1:]}", d.attrs, "n_layers", 1)
+            for d in group.values()
+        )
+
+    def predictions(self, n_layers: int) -> np.ndarray | None:
+        """Stored predicted class of every image after ``n_layers`` layers, if any."""
+        group = self._predictions_group()
+        key = f"l{n_layers}"
+        if group is None or key not in group:
+            return None
+        return self._classes(group, key, "predictions")
+
+    def predictions_source(self, n_layers: int) -> str | None:
+        group = self._predictions_group()
+        key = f"l{n_layers}"
+        if group is None or key not in group:
+            return None
+        return str(group[key].attrs.get("computed_by", "unknown"))
+
+    def _activation_counts(self) -> dict[str, int]:
+        """How many layers have each activation (read from attributes only)."""
+        counts: dict[str, int] = {}
+        for k in range(self.n_layers):
+            name = str(self._layer_group(k).attrs.get("activation", "relu"))
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
     def summary(self) -> dict:
         """What ``spdnn info`` prints: shapes, sizes, truth and provenance."""
         shapes = self.layer_shapes()
         info = {
             "path": str(self.path),
             "schema_version": self.schema_version,
+            "readout": self.readout,
             "created": self.created,
             "file_bytes": self.path.stat().st_size,
             "n_layers": self.n_layers,
@@ -332,10 +400,14 @@ class Store:
             "neurons_out": shapes[-1][1] if shapes else None,
             "edges": int(sum(s[2] for s in shapes)),
             "truth_layers": self.truth_layers(),
+            "prediction_layers": self.prediction_layers(),
+            "activations": self._activation_counts(),
             "provenance": self.provenance,
         }
         if self.has_inputs:
             g = self._inputs_group()
             info["images"], _, info["input_nnz"] = self._input_shape()
             info["inputs_binary"] = "values" not in g
+        if self.has_labels:
+            info["labels"] = int(self._file["labels"].shape[0])
         return info

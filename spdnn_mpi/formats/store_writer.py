@@ -20,7 +20,7 @@ import numpy as np
 from spdnn_mpi.atomic import atomic_path, write_error
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
-from spdnn_mpi.model import Layer, SparseRows, index_dtype
+from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
 
 
 def _now() -> str:
@@ -105,7 +105,10 @@ class StoreWriter:
     Layers are written one at a time, so writing never holds a whole network.
     """
 
-    def __init__(self, path: str | os.PathLike, provenance: dict | None = None):
+    def __init__(self, path: str | os.PathLike, provenance: dict | None = None,
+                 readout: str = "alive"):
+        if readout not in READOUTS:
+            raise StoreError(f"readout {readout!r}; choose from {', '.join(READOUTS)}")
         self.path = Path(path)
         self._ctx = atomic_path(self.path)
         self._tmp = self._ctx.__enter__()
@@ -120,9 +123,11 @@ class StoreWriter:
         self._file.attrs["created"] = _now()
         self._file.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
         self._net = self._file.create_group("network")
+        self._net.attrs["readout"] = readout
         self._file.create_group("truth")
         self._n_layers = 0
         self._last_n_out: int | None = None
+        self._n_rows: int | None = None
         self._closed = False
 
     # -- content -----------------------------------------------------------
@@ -157,6 +162,7 @@ class StoreWriter:
             g.create_dataset("bias", data=np.asarray(layer.bias, dtype=np.float32))
         if layer.clip is not None:
             g.attrs["clip"] = np.float32(layer.clip)
+        g.attrs["activation"] = layer.activation
         self._n_layers += 1
         self._last_n_out = layer.n_out
         self._net.attrs["n_layers"] = self._n_layers
@@ -172,6 +178,30 @@ class StoreWriter:
         g.create_dataset("indices", data=np.asarray(rows.indices, dtype=index_dtype(rows.n_cols)))
         if rows.values is not None:
             g.create_dataset("values", data=np.asarray(rows.values, dtype=np.float32))
+        self._n_rows = rows.n_rows
+        self._check_written()
+
+    def _per_image(self, what: str, data: np.ndarray) -> np.ndarray:
+        data = np.asarray(data)
+        if data.ndim != 1 or not np.issubdtype(data.dtype, np.integer):
+            raise StoreError(f"{self.path}: {what} must be a vector of integers")
+        if self._n_rows is None:
+            raise StoreError(f"{self.path}: write the inputs before the {what}")
+        if len(data) != self._n_rows:
+            raise StoreError(f"{self.path}: {len(data)} {what} for {self._n_rows} images")
+        return data.astype(np.int64)
+
+    def write_labels(self, labels: np.ndarray) -> None:
+        """Store the true class (0-based) of every input image."""
+        self._file.create_dataset("labels", data=self._per_image("labels", labels))
+        self._check_written()
+
+    def add_predictions(self, n_layers: int, classes: np.ndarray, computed_by: str) -> None:
+        """Store the predicted class of every image after ``n_layers`` layers (argmax readout)."""
+        d = self._file.require_group("predictions").create_dataset(
+            f"l{n_layers}", data=self._per_image("predictions", classes))
+        d.attrs["n_layers"] = n_layers
+        d.attrs["computed_by"] = computed_by
         self._check_written()
 
     def add_truth(self, n_layers: int, categories: np.ndarray, computed_by: str) -> None:

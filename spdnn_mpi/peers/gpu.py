@@ -56,7 +56,7 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
         )
         bias = cp.asarray(layer.bias_vector())[None, :]
         clip = None if layer.clip is None else np.float32(layer.clip)
-        mats.append((wt, bias, clip))
+        mats.append((wt, bias, clip, layer.activation == "relu"))
     base = int(rows.indptr[0])
     y = cps.csr_matrix(
         (cp.asarray(rows.row_values()), cp.asarray(rows.indices.astype(np.int32)),
@@ -69,13 +69,14 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
     if drop[0]:
         keep = y.any(axis=1)
         y, ids = y[keep], ids[keep]
-    for k, (wt, bias, clip) in enumerate(mats):
+    for k, (wt, bias, clip, relu) in enumerate(mats):
         if y.shape[0]:
             z = (wt @ y.T).T  # (rows, n_out); y.T is Fortran-ordered, as SpMM wants
             z = z + bias
         else:
             z = cp.zeros((0, wt.shape[0]), dtype=cp.float32)
-        cp.maximum(z, 0, out=z)
+        if relu:
+            cp.maximum(z, 0, out=z)
         if clip is not None:
             cp.minimum(z, clip, out=z)
         y = cp.ascontiguousarray(z)
@@ -108,7 +109,7 @@ def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, 
             size=(layer.n_out, layer.n_in), device=dev,
         )
         bias = torch.as_tensor(layer.bias_vector(), device=dev)[None, :]
-        mats.append((wt, bias, layer.clip))
+        mats.append((wt, bias, layer.clip, 0.0 if layer.activation == "relu" else None))
     base = int(rows.indptr[0])
     y = torch.sparse_csr_tensor(
         torch.as_tensor(np.asarray(rows.indptr, dtype=np.int64) - base),
@@ -122,12 +123,13 @@ def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, 
     if drop[0]:
         keep = (y != 0).any(dim=1)
         y, ids = y[keep], ids[keep]
-    for k, (wt, bias, clip) in enumerate(mats):
+    for k, (wt, bias, clip, floor) in enumerate(mats):
         if y.shape[0]:
             z = (wt @ y.T).T + bias
         else:
             z = torch.zeros((0, wt.shape[0]), device=dev)
-        z.clamp_(min=0.0, max=clip)
+        if floor is not None or clip is not None:
+            z.clamp_(min=floor, max=clip)
         y = z.contiguous()
         if drop[k + 1]:
             keep = (y != 0).any(dim=1)

@@ -30,6 +30,9 @@ def graphblas_infer(network: Network, rows: SparseRows,
         raise SpdnnError(f"peer graphblas needs python-graphblas ({exc.name} missing); "
                          "`pip install python-graphblas`") from None
     for k, layer in enumerate(network.layers):
+        if layer.activation != "relu":
+            raise SpdnnError(f"peer graphblas: layer {k + 1} has no ReLU; only "
+                             "challenge-style ReLU layers are supported")
         if not layer.bias_is_scalar or layer.bias > 0:
             raise SpdnnError(f"peer graphblas: layer {k + 1} has a vector or positive bias; "
                              "only challenge-style scalar biases <= 0 are supported")
