@@ -15,14 +15,19 @@ from spdnn_mpi import __version__
 from spdnn_mpi.errors import SpdnnError
 
 #: subcommand -> one-line help; its module is spdnn_mpi.commands.<subcommand>
+#: (or the one in COMMAND_MODULES)
 SUBCOMMANDS: dict[str, str] = {
     "generate": "generate a challenge-shaped network and inputs",
     "prepare": "convert official Graph Challenge TSV files into a store",
+    "import": "import a trained MLP (ONNX or safetensors) into a store",
     "info": "describe a store",
     "infer": "run inference on a store (also under mpiexec/srun)",
     "bench": "benchmark backends and peers; prints a table, writes JSON",
     "demo": "generate (once) the built-in 1024x120 case, infer and check",
 }
+
+#: Subcommands whose module name differs (``import`` is a Python keyword).
+COMMAND_MODULES: dict[str, str] = {"import": "import_model"}
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -42,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"spdnn_mpi {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in SUBCOMMANDS.items():
-        module = importlib.import_module(f"spdnn_mpi.commands.{name}")
+        module = importlib.import_module(f"spdnn_mpi.commands.{COMMAND_MODULES.get(name, name)}")
         p = sub.add_parser(
             name,
             help=help_text,

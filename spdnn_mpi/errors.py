@@ -22,3 +22,13 @@ class InputFormatError(SpdnnError):
 
 class StoreError(SpdnnError):
     """A store that is missing, not ours, of an unknown schema or inconsistent."""
+
+
+class ModelFormatError(SpdnnError):
+    """A model file (ONNX, safetensors) that cannot be represented, located by node or tensor."""
+
+    def __init__(self, path: str | os.PathLike, where: str | None, message: str):
+        self.path = os.fspath(path)
+        self.where = where
+        self.message = message
+        super().__init__(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")

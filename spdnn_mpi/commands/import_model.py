@@ -1,0 +1,56 @@
+"""Import a trained MLP (ONNX or safetensors) into a store, zeros dropped.
+
+ONNX: a chain of Gemm, or MatMul then Add, each optionally followed by Relu
+(what torch.onnx.export and skl2onnx write for an MLP). safetensors: PyTorch
+nn.Linear tensors NAME.weight (out, in) and NAME.bias, in file order or in
+--layer-order. With --inputs the store gets the images (float values kept)
+and the reference predictions; --labels adds the true classes, so `spdnn
+infer --check` reports the accuracy. Anything that cannot be represented is
+refused with the node or tensor named, and no store is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, help="ONNX (.onnx, .onnx.gz) or safetensors file")
+    p.add_argument("--out", required=True, type=Path, metavar="STORE", help="store to write")
+    p.add_argument("--inputs", type=Path, default=None, metavar="X.npy",
+                   help="input images, float32 .npy of shape (images, features)")
+    p.add_argument("--labels", type=Path, default=None, metavar="y.npy",
+                   help="true classes, integer .npy with one entry per image (needs --inputs)")
+    p.add_argument("--layer-order", default=None, metavar="NAME,NAME,...",
+                   help="safetensors: the layers' tensor prefixes in order (default: file order)")
+    p.add_argument("--activations", default=None, metavar="ACT,ACT,...",
+                   help="safetensors: relu or none per layer (default: relu, and none for "
+                        "the last layer)")
+    p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from spdnn_mpi.formats.model_store import import_model
+
+    summary = import_model(args.model, args.out, inputs=args.inputs, labels=args.labels,
+                           layer_order=_names(args.layer_order),
+                           activations=_names(args.activations), force=args.force)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    elif not args.quiet:
+        line = (f"spdnn import: {args.out}: {summary['layers']} layers, "
+                f"{summary['n_inputs']} -> {summary['n_classes']}, {summary['edges']:,} weights "
+                f"kept ({100 * summary['sparsity']:.2f}% zeros dropped), "
+                f"{summary['images']} images")
+        if "accuracy" in summary:
+            line += f", reference accuracy {100 * summary['accuracy']:.2f}%"
+        print(line)
+    return 0
