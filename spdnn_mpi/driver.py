@@ -20,6 +20,7 @@ from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.formats.store import Store
 from spdnn_mpi.model import ACTIVATIONS, Layer, Network
 from spdnn_mpi.outputs import check_distinct, check_output
+from spdnn_mpi.readout import classes_of_rows
 from spdnn_mpi.report import edges_per_second, machine_info
 
 
@@ -174,7 +175,19 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         if not 1 <= n_layers <= store.n_layers:
             raise SpdnnError(f"{opts.store}: --layers {n_layers}, store has {store.n_layers}")
         n_images = store.n_images
-        if opts.check and rank == 0:
+        if store.readout == "argmax" and rank == 0:
+            # read now, like the truth: reference predictions and, for the whole
+            # network, the labels (they score its outputs only)
+            if n_layers == store.n_layers:
+                state["labels"] = store.labels()
+            if opts.check:
+                state["reference"] = store.predictions(n_layers)
+                if state["reference"] is None:
+                    raise SpdnnError(
+                        f"{opts.store}: no reference predictions stored for {n_layers} "
+                        f"layers (stored: {store.prediction_layers() or 'none'}); run "
+                        "without --check")
+        elif opts.check and rank == 0:
             # read now: a store replaced during the run must not change the verdict
             state["truth"] = store.truth(n_layers)
             if state["truth"] is None:
@@ -190,7 +203,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         else:
             raise SpdnnError(f"unknown --partition {opts.partition!r}; choose count or nnz")
         state.update(n_layers=n_layers, n_images=n_images, bounds=bounds,
-                     facts=agreement_facts(opts, store))
+                     facts=agreement_facts(opts, store), readout=store.readout)
 
     mpi.run_phase(comm, load)
     mpi.check_agreement(comm, state["facts"])
@@ -230,15 +243,23 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
 
     mpi.run_phase(comm, setup)
 
+    argmax = state["readout"] == "argmax"
+
     def infer() -> InferenceResult:
         return run_inference(state["network"], state["rows"], state["backend"],
-                             batch=opts.batch, progress=opts.progress if rank == 0 else None,
+                             batch=opts.batch, want_features=argmax,
+                             progress=opts.progress if rank == 0 else None,
                              compress=opts.compress)
 
     result: InferenceResult = mpi.run_phase(comm, infer)
     state["store"].close()
 
     ids = mpi.gather_ids(comm, result.alive_ids)
+    classes = None
+    if argmax:  # one class per image; ranks hold contiguous ranges, gathered in rank order
+        mine = classes_of_rows(state["stop"] - state["start"],
+                               result.alive_ids - state["start"], result.features)
+        classes = mpi.gather_ids(comm, mine)
     live = mpi.sum_to_root(comm, result.live_per_layer)
     per_rank = comm.gather({
         "rank": rank,
@@ -296,8 +317,12 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         "live_rows_per_layer": live.tolist(),
         "layer_seconds": None if result.layer_seconds is None else result.layer_seconds.tolist(),
         "categories_count": int(len(categories)),
+        "readout": state["readout"],
         "per_rank": per_rank,
         "machine": machine_info(),
         "_categories": categories,
         "_truth": state.get("truth"),
+        "_predictions": classes,
+        "_reference": state.get("reference"),
+        "_labels": state.get("labels"),
     }

@@ -9,7 +9,7 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 for n in 1 2 3; do
     echo "== MPI tests on $n rank(s)"
     timeout 600 "$MPIEXEC" -n "$n" "$PY" -m pytest -q --with-mpi -p no:cacheprovider \
-        tests/test_mpi.py tests/test_cli_mpi.py -m mpi 2>&1 | tail -n 3
+        tests/test_mpi.py tests/test_cli_mpi.py tests/test_models_mpi.py -m mpi 2>&1 | tail -n 3
 done
 echo "== serial tests"
 # the mpi-marked tests ran above under mpiexec; here everything else

@@ -1,7 +1,11 @@
 """Run inference on a store; the same command under mpiexec/mpirun/srun.
 
 Rank 0 writes the categories file (official format) and the JSON report,
-checks against the store's truth with --check, and prints a summary.
+checks against the store's truth with --check, and prints a summary. On a
+store with the argmax readout (`spdnn import`) the output is one line per
+image, `image_id<TAB>class` (1-based id, 0-based class), --check compares
+with the stored reference predictions, and the accuracy against the stored
+labels is printed when the store has them.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
                    help="compute backend; auto picks cuda when CuPy sees a GPU, else cpu")
     p.add_argument("--check", action="store_true",
-                   help="compare with the store's truth; exit 1 on any difference")
-    p.add_argument("--out", default=None, help="write the categories here (official TSV format)")
+                   help="compare with the store's truth (argmax stores: its reference "
+                        "predictions); exit 1 on any difference")
+    p.add_argument("--out", default=None,
+                   help="write the categories here (official TSV format; argmax stores: "
+                        "image_id<TAB>class lines)")
     p.add_argument("--json", default=None, metavar="REPORT", help="write the run report as JSON")
     p.add_argument("--batch", type=int, default=None,
                    help="images per batch on each rank (default: as many as fit in memory)")
@@ -67,10 +74,26 @@ def summary_lines(report: dict) -> list[str]:
         f"(challenge: all images x all edges / time), "
         f"{report['computed_teraedges_per_second']:.3f} computed (edges multiplied)",
         compression_line(report),
-        f"categories  {report['categories_count']} images alive after layer {report['n_layers']}",
     ]
+    if report.get("readout") == "argmax":
+        lines.append(f"predictions one class per image for {report['n_images']} images")
+        if "accuracy" in report:
+            acc = report["accuracy"]
+            lines.append(f"accuracy    {100 * acc['accuracy']:.2f}% ({acc['correct']} of "
+                         f"{acc['images']}) against the stored labels")
+    else:
+        lines.append(f"categories  {report['categories_count']} images alive after layer "
+                     f"{report['n_layers']}")
     check = report.get("check")
-    if check is not None:
+    if check is not None and "differ_count" in check:
+        if check["passed"]:
+            lines.append(f"check       PASSED ({check['expected_count']} predictions match "
+                         "the stored reference)")
+        else:
+            lines.append(f"check       FAILED: {check['differ_count']} of "
+                         f"{check['expected_count']} predictions differ "
+                         f"(first image ids {check['differ_first']})")
+    elif check is not None:
         if check["passed"]:
             lines.append(f"check       PASSED ({check['expected_count']} categories match)")
         else:
@@ -121,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         categories = report.pop("_categories")
         truth = report.pop("_truth")  # read when the run started (None without --check)
+        predictions = report.pop("_predictions")
+        reference, labels = report.pop("_reference"), report.pop("_labels")
+        if predictions is not None:
+            return finish_argmax(args, report, predictions, reference, labels)
         status = 0
         if args.check:
             report["check"] = compare_categories(categories, np.asarray(truth))
@@ -135,3 +162,29 @@ def run(args: argparse.Namespace) -> int:
     if world.Get_size() == 1:
         return finish()
     return int(world.bcast(mpi.run_phase(world, finish), root=0))
+
+
+def finish_argmax(args: argparse.Namespace, report: dict, predictions: np.ndarray,
+                  reference: np.ndarray | None, labels: np.ndarray | None) -> int:
+    """Rank 0 on an argmax store: check, score, write the predictions and the report.
+
+    ``reference`` (with --check) and ``labels`` were read when the run started.
+    """
+    from spdnn_mpi.formats.tsv_write import write_predictions
+    from spdnn_mpi.readout import compare_predictions
+    from spdnn_mpi.report import write_json
+
+    status = 0
+    if args.check:
+        report["check"] = compare_predictions(predictions, reference)
+        status = 0 if report["check"]["passed"] else 1
+    if labels is not None:
+        correct = int(np.count_nonzero(predictions == labels))
+        report["accuracy"] = {"accuracy": correct / max(len(labels), 1), "correct": correct,
+                              "images": int(len(labels))}
+    if args.out:
+        write_predictions(args.out, predictions)
+    if args.json:
+        write_json(args.json, report)
+    print("\n".join(summary_lines(report)))
+    return status

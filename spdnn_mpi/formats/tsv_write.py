@@ -132,6 +132,20 @@ def write_categories(path: str | os.PathLike, ids: np.ndarray) -> None:
             tmp.write_bytes(text)
 
 
+def write_predictions(path: str | os.PathLike, classes: np.ndarray) -> None:
+    """Write ``image_id<TAB>class`` lines (1-based id, 0-based class), atomically."""
+    classes = np.asarray(classes, dtype=np.int64)
+    ids = np.arange(1, len(classes) + 1)
+    text = "".join(f"{i}\t{c}\n" for i, c in zip(ids.tolist(), classes.tolist())).encode()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if path.name.endswith(".gz"):
+            with gzip.open(tmp, "wb") as f:
+                f.write(text)
+        else:
+            tmp.write_bytes(text)
+
+
 def write_tree(
     out_dir: str | os.PathLike,
     network: Network | Iterable[Layer],
