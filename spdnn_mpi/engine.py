@@ -235,7 +235,8 @@ def rows_computed(rows: SparseRows, live_after: Sequence[int], drop: list[bool],
 
 
 def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat: int = 3,
-                   batch: int | None = None, compress: str = "off"
+                   batch: int | None = None, compress: str = "off",
+                   want_features: bool = False,
                    ) -> tuple[float, list[float], InferenceResult]:
     """(median seconds, every run's seconds, last result) of ``repeat`` timed runs.
 
@@ -243,10 +244,11 @@ def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat:
     capture out of the numbers. The benchmark and the GPU harness both use it.
     """
     run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch,
-                  compress=compress)
+                  compress=compress, want_features=want_features)
     times: list[float] = []
     result = None
     for _ in range(max(1, repeat)):
-        result = run_inference(network, rows, backend, batch=batch, compress=compress)
+        result = run_inference(network, rows, backend, batch=batch, compress=compress,
+                               want_features=want_features)
         times.append(result.seconds)
     return statistics.median(times), times, result

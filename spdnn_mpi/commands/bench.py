@@ -4,6 +4,8 @@ Prints a table (N, L, time, edges/s, live rows at the end, check) and writes
 JSON. Peers (GraphBLAS on the CPU; cuSPARSE and torch.sparse on the GPU) run
 the same inference on the same data with the same row dropping; their
 categories must agree with ours and the table gives our speed over theirs.
+Stores of imported models (argmax readout) and the shipped pruned MNIST
+models (--model, --models) get their own table: see ``bench_models``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-PEERS = ("graphblas", "cusparse", "torch")
+PEERS = ("graphblas", "cusparse", "torch", "onnxruntime", "torch-dense")
 
 
 def default_data_dir() -> Path:
@@ -59,7 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
                    help="backend to measure")
     p.add_argument("--peer", action="append", default=[], choices=PEERS,
-                   help="also run this peer on the same data and report our speed over its")
+                   help="also run this peer on the same data and report our speed over its "
+                        "(models: onnxruntime, torch-dense and torch, the sparse one)")
+    p.add_argument("--model", type=float, action="append", default=[], metavar="SPARSITY",
+                   help="a shipped pruned MNIST model by sparsity in percent, e.g. 95 "
+                        "(repeatable)")
+    p.add_argument("--models", action="store_true", help="every shipped pruned MNIST model")
+    p.add_argument("--model-images", type=int, default=None, metavar="N",
+                   help="models: time N images (the store's inputs repeated; default: them)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="models: draw speed-up and accuracy against sparsity (matplotlib)")
     p.add_argument("--peer-max", type=parse_config, default=None, metavar="NxL",
                    help="run peers only on cases with N*L at most this (default: all)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per case (median reported)")
@@ -245,6 +256,9 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     base = modes.get("off") or modes["auto"]  # peers compute every live row, like off
     peer_ids: dict[str, np.ndarray] = {}
     for peer in args.peer:
+        if peer in ("onnxruntime", "torch-dense"):
+            row["peers"][peer] = {"skipped": "a peer for imported models only"}
+            continue
         if peer_cap is not None and n * n_layers > peer_cap:
             row["peers"][peer] = {"skipped": f"N*L above --peer-max {args.peer_max}"}
             continue
@@ -329,33 +343,54 @@ def table(rows: list[dict], peers: list[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.backends import make_backend, resolve_backend_name
+    from spdnn_mpi.commands import bench_models
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.outputs import check_output
     from spdnn_mpi.report import machine_info, write_json
 
-    if args.json:
-        from spdnn_mpi.outputs import check_output
-
-        check_output(args.json, "--json", inputs={f"the store {s}": s for s in args.stores})
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output(path, option, inputs={f"the store {s}": s for s in args.stores})
     cases: list[tuple[Path, int | None]] = []
+    model_paths = bench_models.shipped_model_stores(args) if args.model or args.models else []
     for s in args.stores:
-        cases += [(Path(s), lay) for lay in (args.layers or [None])]
+        if bench_models.is_model_store(Path(s)):
+            model_paths.append(Path(s))
+        else:
+            cases += [(Path(s), lay) for lay in (args.layers or [None])]
     cases += generated_cases(args) if (args.config or args.challenge) else []
-    if not cases:
-        raise SpdnnError("nothing to benchmark: give STORE paths, --config NxL or --challenge")
+    if not cases and not model_paths:
+        raise SpdnnError("nothing to benchmark: give STORE paths, --config NxL, --challenge "
+                         "or --models")
     name, why = resolve_backend_name(args.backend)
     _log(args, f"backend {name} ({why})")
     options = {"threads": args.threads} if name == "cpu" else {}
     backend = make_backend(name, **options)
-    results = []
+    results: list[dict] = []
+    models: list[dict] = []
+
+    def save() -> None:
+        if args.json:  # after every case, so a long run that is cut short keeps its results
+            write_json(args.json, {"machine": machine_info(), "backend": name,
+                                   "argv": sys.argv[1:], "cwd": os.getcwd(),
+                                   "results": results, "models": models})
+
+    for path in model_paths:
+        _log(args, f"model {path.name} ...")
+        models.append(bench_models.bench_model(args, path, backend, name))
+        save()
     for path, layers in cases:
         _log(args, f"case {path.name} layers={layers or 'all'} ...")
         results.append(bench_case(args, path, layers, backend, name))
         for mode, m in results[-1]["modes"].items():
             _log(args, f"  {mode}: {m['seconds']:.4f} s, {m['teraedges_per_second']:.3f} "
                        f"TE/s nominal, {m['alive_at_end']} alive")
-        if args.json:  # after every case, so a long run that is cut short keeps its results
-            write_json(args.json, {"machine": machine_info(), "backend": name,
-                                   "argv": sys.argv[1:], "cwd": os.getcwd(),
-                                   "results": results})
-    print(table(results, args.peer))
-    return 1 if any(row_failed(r) for r in results) else 0
+        save()
+    if models:
+        print(bench_models.table(models, args.peer))
+        if args.plot:
+            bench_models.plot(models, args.plot)
+    if cases:
+        print(table(results, args.peer))
+    failed = any(row_failed(r) for r in results) or bench_models.failed(models)
+    return 1 if failed else 0

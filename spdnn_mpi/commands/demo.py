@@ -1,7 +1,10 @@
 """The built-in default case: 1024 neurons x 120 layers, MNIST-derived inputs.
 
 Generated once into a user cache directory (with reference truth), then
-inferred and checked: the one command to see the whole pipeline work.
+inferred and checked: the one command to see the whole pipeline work. With
+--model SPARSITY, one of the shipped pruned MNIST classifiers instead
+(imported once with its 1000 held-out digits): predictions checked against
+the reference, accuracy printed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the demo store is kept (default: $SPDNN_CACHE_DIR or "
                         "~/.cache/spdnn_mpi)")
     p.add_argument("--regenerate", action="store_true", help="rebuild the cached store")
+    p.add_argument("--model", type=float, default=None, metavar="SPARSITY",
+                   help="run a shipped pruned MNIST classifier instead, by sparsity in "
+                        "percent (90, 95, 98 or 99)")
     p.add_argument("--json", default=None, metavar="REPORT", help="write the report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -43,10 +49,24 @@ def demo_store(args) -> Path:
     return path
 
 
+def model_demo_store(args) -> Path:
+    """The cached store of the shipped model asked for with --model."""
+    from spdnn_mpi.generators import mnist_models as mm
+    from spdnn_mpi.generators.challenge import cache_dir
+
+    entry = mm.find_model(args.model)
+    path = mm.model_store(entry, (args.cache_dir or cache_dir()) / "models", args.regenerate)
+    if not args.quiet:
+        print(f"spdnn demo: {entry['file']} ({100 * entry['sparsity']:.2f}% of the weights "
+              f"zero; held-out accuracy recorded at training: "
+              f"{100 * entry['accuracy']:.2f}%), store {path}", file=sys.stderr, flush=True)
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.cli import main
 
-    path = demo_store(args)
+    path = demo_store(args) if args.model is None else model_demo_store(args)
     argv = ["infer", str(path), "--backend", args.backend, "--check"]
     argv += ["--json", args.json] if args.json else []
     argv += ["--quiet"] if args.quiet else []

@@ -58,9 +58,9 @@ def read_model(path: str | os.PathLike, layer_order: list[str] | None = None,
     return read_safetensors(path, layer_order, activations)
 
 
-def load_inputs(path: str | os.PathLike, n_features: int) -> SparseRows:
-    """A float .npy of shape (images, features) as sparse rows, values kept."""
-    x = _load_npy(path)
+def load_inputs(path: str | os.PathLike | np.ndarray, n_features: int) -> SparseRows:
+    """A float .npy (or array) of shape (images, features) as sparse rows, values kept."""
+    x, path = (path, "inputs") if isinstance(path, np.ndarray) else (_load_npy(path), path)
     if x.ndim != 2:
         raise InputFormatError(path, None, f"inputs have shape {x.shape}, expected "
                                            "(images, features)")
@@ -78,9 +78,10 @@ def load_inputs(path: str | os.PathLike, n_features: int) -> SparseRows:
     return SparseRows.from_dense(x)  # values kept (stored as binary only when all are 1)
 
 
-def load_labels(path: str | os.PathLike, n_images: int, n_classes: int) -> np.ndarray:
-    """An integer .npy of one class in 0..n_classes-1 per image."""
-    y = _load_npy(path)
+def load_labels(path: str | os.PathLike | np.ndarray, n_images: int,
+                n_classes: int) -> np.ndarray:
+    """An integer .npy (or array) of one class in 0..n_classes-1 per image."""
+    y, path = (path, "labels") if isinstance(path, np.ndarray) else (_load_npy(path), path)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise InputFormatError(path, None, f"labels of shape {y.shape} and type {y.dtype}, "
                                            "expected one integer per image")
@@ -110,13 +111,25 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _describe(source) -> str | None:
+    if source is None:
+        return None
+    if isinstance(source, np.ndarray):
+        return f"array {source.shape} {source.dtype}"
+    return str(Path(source).resolve())
+
+
 def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
-                 inputs: str | os.PathLike | None = None,
-                 labels: str | os.PathLike | None = None,
+                 inputs: str | os.PathLike | np.ndarray | None = None,
+                 labels: str | os.PathLike | np.ndarray | None = None,
                  layer_order: list[str] | None = None,
                  activations: list[str] | None = None,
-                 force: bool = False) -> dict:
-    """Write the store for ``model`` at ``out``; returns a summary of what was written."""
+                 force: bool = False, notes: dict | None = None) -> dict:
+    """Write the store for ``model`` at ``out``; returns a summary of what was written.
+
+    ``inputs`` and ``labels`` are .npy paths or arrays; ``notes`` are added to
+    the recorded source (e.g. where in-memory inputs came from).
+    """
     from spdnn_mpi import __version__
     from spdnn_mpi.reference import reference_predictions
 
@@ -139,8 +152,8 @@ def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
         "imported": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "source": {"model": str(model.resolve()), "sha256": file_digest(model),
                    **{k: v for k, v in info.items() if v is not None},
-                   "inputs": str(Path(inputs).resolve()) if inputs is not None else None,
-                   "labels": str(Path(labels).resolve()) if labels is not None else None},
+                   "inputs": _describe(inputs), "labels": _describe(labels),
+                   **(notes or {})},
         "layers": [{"name": d.name, "n_in": d.n_in, "n_out": d.n_out, "nnz": lay.nnz,
                     "activation": lay.activation} for d, lay in zip(dense, network.layers)],
         "sparsity": round(sparsity(network), 6),

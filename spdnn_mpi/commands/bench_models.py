@@ -1,0 +1,207 @@
+"""The part of `spdnn bench` for imported models (stores with the argmax readout).
+
+Per model: our backend's time for the whole batch (layers and fetching the
+final features, inputs already on the device), its held-out accuracy and its
+predictions against the stored reference; then each peer on the same inputs
+with the same batch, in the same run: the dense model in onnxruntime (CPU),
+PyTorch dense (cuBLAS) and torch.sparse (GPU). A peer agrees when its
+predictions equal ours on every image; the table gives our speed over its.
+``plot`` draws speed-up and accuracy against sparsity (matplotlib).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: Model peers: name -> (module, function) returning (outputs, median s, all s).
+MODEL_PEERS = {
+    "onnxruntime": ("spdnn_mpi.peers.onnxruntime_peer", "onnxruntime_infer"),
+    "torch-dense": ("spdnn_mpi.peers.torch_dense", "torch_dense_infer"),
+    "torch": ("spdnn_mpi.peers.torch_dense", "torch_sparse_mlp_infer"),
+}
+
+
+def is_model_store(path: Path) -> bool:
+    from spdnn_mpi.formats.store import Store
+
+    with Store(path) as store:
+        return store.readout == "argmax"
+
+
+def shipped_model_stores(args) -> list[Path]:
+    """Stores of the shipped models asked for with --model/--models, imported once."""
+    from spdnn_mpi.generators import mnist_models as mm
+
+    if args.models:
+        entries = [e for e in mm.bundled_models() if e.get("file")]
+    else:
+        entries = [mm.find_model(s) for s in args.model]
+    directory = (args.data_dir or _default_dir()) / "models"
+    return [mm.model_store(e, directory) for e in entries]
+
+
+def _default_dir() -> Path:
+    from spdnn_mpi.generators.challenge import cache_dir
+
+    return cache_dir() / "bench"
+
+
+def tile_rows(rows, n: int):
+    """The first ``n`` rows of ``rows`` repeated as often as needed (for longer timing runs)."""
+    from spdnn_mpi.model import SparseRows
+
+    if n <= rows.n_rows:
+        return rows.slice(0, n)
+    reps = -(-n // rows.n_rows)
+    counts = np.tile(np.diff(rows.indptr), reps)[:n]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    nnz = int(indptr[-1])
+    indices = np.tile(rows.indices, reps)[:nnz]
+    values = None if rows.values is None else np.tile(rows.values, reps)[:nnz]
+    return SparseRows(rows.n_cols, indptr, indices, values)
+
+
+def _outputs(result, n_rows: int, width: int) -> np.ndarray:
+    out = np.zeros((n_rows, width), np.float32)
+    out[result.alive_ids] = result.features
+    return out
+
+
+def _score(classes: np.ndarray, labels: np.ndarray | None) -> float | None:
+    if labels is None:
+        return None
+    n = min(len(labels), len(classes))
+    return float(np.mean(classes[:n] == labels[:n]))
+
+
+def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
+    """One model: our time, accuracy and check, then every asked-for model peer."""
+    import importlib
+
+    from spdnn_mpi.engine import time_inference
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats.mlp import sparsity
+    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.readout import compare_predictions
+
+    with Store(store_path) as store:
+        network = store.network()
+        base = store.inputs()
+        labels = store.labels()
+        reference = store.predictions(store.n_layers)
+    rows = tile_rows(base, args.model_images or base.n_rows)
+    if labels is not None:
+        labels = np.resize(labels, rows.n_rows)
+    width = network.layers[-1].n_out
+    backend.load_network(network.layers)
+    median, times, res = time_inference(network, rows, backend, args.repeat, args.batch,
+                                        want_features=True)
+    ours = _outputs(res, rows.n_rows, width)
+    classes = np.argmax(ours, axis=1)
+    row = {
+        "store": str(store_path), "model": Path(network.provenance.get("source", {}).get(
+            "model", store_path.name)).name,
+        "sparsity": sparsity(network), "edges": network.edges(),
+        "dense_weights": sum(lay.n_in * lay.n_out for lay in network.layers),
+        "widths": [network.n_inputs] + [lay.n_out for lay in network.layers],
+        "images": rows.n_rows, "backend": backend_name, "seconds": median,
+        "seconds_all": times, "accuracy": _score(classes, labels),
+        "backend_info": backend.describe(), "peers": {},
+    }
+    if reference is not None:
+        n = min(len(reference), rows.n_rows)
+        row["check"] = {"against": "stored reference predictions",
+                        **compare_predictions(classes[:n], reference[:n])}
+    for peer in args.peer:
+        if peer not in MODEL_PEERS:
+            row["peers"][peer] = {"skipped": "not a model peer (onnxruntime, torch-dense, "
+                                             "torch)"}
+            continue
+        module, func = MODEL_PEERS[peer]
+        fn = getattr(importlib.import_module(module), func)
+        kwargs = {"batch": args.batch, "repeat": args.repeat}
+        if peer == "onnxruntime":
+            kwargs["threads"] = args.threads
+        try:
+            theirs, seconds, all_s = fn(network, rows, **kwargs)
+        except SpdnnError as exc:
+            row["peers"][peer] = {"skipped": str(exc)}
+            continue
+        their_classes = np.argmax(theirs, axis=1)
+        agree = compare_predictions(classes, their_classes)
+        scale = max(float(np.abs(theirs).max()), 1e-30) if theirs.size else 1.0
+        row["peers"][peer] = {
+            "seconds": seconds, "seconds_all": all_s, "speedup": seconds / median,
+            "accuracy": _score(their_classes, labels), "agrees": agree["passed"],
+            "differ_count": agree["differ_count"],
+            "max_rel_diff": float(np.abs(ours - theirs).max() / scale) if theirs.size else 0.0,
+        }
+    return row
+
+
+def table(rows: list[dict], peers: list[str]) -> str:
+    from spdnn_mpi.report import format_table
+
+    headers = ["sparsity%", "weights", "images", "backend", "time_ms", "acc%", "check"]
+    for peer in peers:
+        headers += [f"{peer}_ms", f"x{peer}"]
+    out = []
+    for r in rows:
+        check = r.get("check")
+        line = [100 * r["sparsity"], r["edges"], r["images"], r["backend"],
+                1e3 * r["seconds"], None if r["accuracy"] is None else 100 * r["accuracy"],
+                "-" if check is None else ("pass" if check["passed"] else "FAIL")]
+        for peer in peers:
+            pr = r["peers"].get(peer, {})
+            line += [1e3 * pr["seconds"] if "seconds" in pr else None, pr.get("speedup")]
+            if pr and pr.get("agrees") is False:
+                line[-1] = "DISAGREE"
+        out.append(line)
+    return format_table(headers, out)
+
+
+def failed(rows: list[dict]) -> bool:
+    """Any model whose check failed or whose peers predict differently."""
+    return any((r.get("check") and not r["check"]["passed"])
+               or any(p.get("agrees") is False for p in r["peers"].values()) for r in rows)
+
+
+def plot(rows: list[dict], path: str | Path) -> None:
+    """Speed-up over each peer and accuracy against sparsity, one PNG, written atomically."""
+    from spdnn_mpi.atomic import atomic_path
+    from spdnn_mpi.errors import SpdnnError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpdnnError("--plot needs matplotlib: pip install 'spdnn_mpi[bench]'") from None
+    rows = sorted(rows, key=lambda r: r["sparsity"])
+    x = [100 * r["sparsity"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    peers = sorted({p for r in rows for p, v in r["peers"].items() if "speedup" in v})
+    for peer in peers:
+        pts = [(xi, r["peers"][peer]["speedup"]) for xi, r in zip(x, rows)
+               if "speedup" in r["peers"].get(peer, {})]
+        ax1.plot(*zip(*pts), marker="o", label=f"over {peer} (dense)")
+    ax1.axhline(1.0, color="grey", lw=0.8)
+    ax1.set_xlabel("weight sparsity (%)")
+    ax1.set_ylabel(f"speed-up of spdnn ({rows[0]['backend'] if rows else ''})")
+    ax1.set_yscale("log")
+    ax1.legend()
+    acc = [(xi, 100 * r["accuracy"]) for xi, r in zip(x, rows) if r["accuracy"] is not None]
+    if acc:
+        ax2.plot(*zip(*acc), marker="o")
+    ax2.set_xlabel("weight sparsity (%)")
+    ax2.set_ylabel("held-out accuracy (%)")
+    fig.suptitle(f"{rows[0]['images'] if rows else 0} images per run, same batch for all")
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,101 @@
+"""GPU peers for imported models: PyTorch dense (cuBLAS) and torch.sparse CSR.
+
+``torch_dense_infer`` runs the model as a practitioner would on a GPU:
+``y = act(y @ W + b)`` with the dense (zeros included) weight, one cuBLAS
+GEMM per layer over the whole batch. ``torch_sparse_mlp_infer`` keeps W^T as
+a torch.sparse CSR tensor and multiplies it with the dense features (cuSPARSE
+SpMM underneath). Weights and dense inputs are on the device before the
+clock starts; the clock covers the layers and fetching the outputs to the
+host, like the engine's. Both raise ``SpdnnError`` with the reason when
+PyTorch or a CUDA device is missing, which the benchmark reports as a skip.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.model import Network, SparseRows
+
+
+def _torch_device(peer: str):
+    try:
+        import torch
+    except ImportError as exc:
+        raise SpdnnError(f"peer {peer} needs PyTorch ({exc.name} missing)") from None
+    if not torch.cuda.is_available():
+        raise SpdnnError(f"peer {peer}: PyTorch sees no CUDA device")
+    return torch, torch.device("cuda", torch.cuda.current_device())
+
+
+def _timed(torch, dev, fn, repeat: int) -> tuple[np.ndarray, float, list[float]]:
+    fn()  # warm-up: cuBLAS/cuSPARSE handles, kernel selection
+    torch.cuda.synchronize(dev)
+    times, out = [], None
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        out = fn()  # ends with a copy to the host, which synchronises
+        times.append(time.perf_counter() - t0)
+    return out, statistics.median(times), times
+
+
+def _epilogue(torch, z, layer):
+    if layer.activation == "relu":
+        z = torch.relu_(z)
+    if layer.clip is not None:
+        z = z.clamp_(max=layer.clip)
+    return z
+
+
+def torch_dense_infer(network: Network, rows: SparseRows, *, batch: int | None = None,
+                      repeat: int = 3) -> tuple[np.ndarray, float, list[float]]:
+    """(final outputs, median seconds, all runs' seconds) of the dense model in PyTorch."""
+    torch, dev = _torch_device("torch-dense")
+    mats = [(torch.as_tensor(layer.to_scipy_t().toarray().T.copy(), device=dev),
+             torch.as_tensor(layer.bias_vector(), device=dev), layer)
+            for layer in network.layers]
+    x = torch.as_tensor(rows.to_dense(), device=dev)
+    step = batch or max(1, rows.n_rows)
+
+    def run() -> np.ndarray:
+        parts = []
+        for lo in range(0, x.shape[0], step):
+            y = x[lo:lo + step]
+            for w, b, layer in mats:
+                y = _epilogue(torch, torch.addmm(b, y, w), layer)
+            parts.append(y)
+        return torch.cat(parts).cpu().numpy() if parts else np.zeros((0, mats[-1][0].shape[1]))
+
+    with torch.inference_mode():
+        return _timed(torch, dev, run, repeat)
+
+
+def torch_sparse_mlp_infer(network: Network, rows: SparseRows, *, batch: int | None = None,
+                           repeat: int = 3) -> tuple[np.ndarray, float, list[float]]:
+    """(final outputs, median seconds, all runs' seconds) with torch.sparse CSR weights."""
+    torch, dev = _torch_device("torch")
+    mats = []
+    for layer in network.layers:
+        wt = torch.sparse_csr_tensor(
+            torch.as_tensor(np.asarray(layer.indptr, dtype=np.int64)),
+            torch.as_tensor(layer.indices.astype(np.int64)),
+            torch.as_tensor(layer.weight_values()),
+            size=(layer.n_out, layer.n_in), device=dev)
+        mats.append((wt, torch.as_tensor(layer.bias_vector(), device=dev)[:, None], layer))
+    xt = torch.as_tensor(rows.to_dense().T.copy(), device=dev)  # features x rows
+    step = batch or max(1, rows.n_rows)
+
+    def run() -> np.ndarray:
+        parts = []
+        for lo in range(0, xt.shape[1], step):
+            y = xt[:, lo:lo + step]
+            for wt, b, layer in mats:
+                y = _epilogue(torch, wt @ y + b, layer)
+            parts.append(y.T)
+        return torch.cat(parts).cpu().numpy() if parts else np.zeros((0, mats[-1][0].shape[0]))
+
+    with torch.inference_mode():
+        return _timed(torch, dev, run, repeat)

@@ -1,0 +1,49 @@
+"""`spdnn bench` on imported models: our backend, the onnxruntime peer, the plot."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from model_stores import classifier_store
+
+from spdnn_mpi.cli import main
+from spdnn_mpi.commands.bench_models import tile_rows
+from spdnn_mpi.model import SparseRows
+
+pytest.importorskip("onnxruntime")
+
+
+def test_bench_model_store_against_onnxruntime_with_plot(tmp_path, capsys):
+    classifier_store(tmp_path / "m.h5")
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    status = main(["bench", str(tmp_path / "m.h5"), "--backend", "cpu", "--peer", "onnxruntime",
+                   "--peer", "torch-dense", "--repeat", "2", "--model-images", "600",
+                   "--json", str(out), "--plot", str(png), "--quiet"])
+    table = capsys.readouterr().out
+    assert status == 0, table
+    assert "xonnxruntime" in table and "pass" in table and "DISAGREE" not in table
+    row = json.loads(out.read_text())["models"][0]
+    assert row["images"] == 600 and row["check"]["passed"]
+    peer = row["peers"]["onnxruntime"]
+    assert peer["agrees"] and peer["max_rel_diff"] < 1e-5 and peer["seconds"] > 0
+    assert peer["accuracy"] == row["accuracy"]
+    torch_peer = row["peers"]["torch-dense"]
+    assert "skipped" in torch_peer or torch_peer["agrees"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_shipped_model(tmp_path, capsys):
+    assert main(["bench", "--model", "99", "--backend", "cpu", "--peer", "onnxruntime",
+                 "--repeat", "1", "--data-dir", str(tmp_path), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "99.000" in table and "pass" in table
+    assert list((tmp_path / "models").glob("*s99-test.h5"))
+
+
+def test_tile_rows_repeats_the_inputs():
+    dense = np.array([[1, 0, 2], [0, 0, 0], [0, 3, 0]], np.float32)
+    rows = SparseRows.from_dense(dense)
+    np.testing.assert_array_equal(tile_rows(rows, 7).to_dense(), np.tile(dense, (3, 1))[:7])
+    np.testing.assert_array_equal(tile_rows(rows, 2).to_dense(), dense[:2])

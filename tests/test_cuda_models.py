@@ -1,0 +1,121 @@
+"""CUDA backend on classifiers: ReLU and linear layers, argmax readout, shipped models (GPU).
+
+Marked ``gpu``; they skip with the reason where CuPy or a device is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_inputs, random_network
+
+from spdnn_mpi.backends import cuda_available
+from spdnn_mpi.engine import run_inference
+from spdnn_mpi.model import Layer, Network, SparseRows
+from spdnn_mpi.readout import classes_of_rows
+from spdnn_mpi.reference import reference_infer, reference_predictions
+
+
+def _cuda_status() -> tuple[bool, str]:
+    from spdnn_mpi.backends.cuda import import_cupy
+    from spdnn_mpi.errors import SpdnnError
+
+    try:
+        import_cupy()
+    except SpdnnError as exc:
+        return False, str(exc)
+    return cuda_available()
+
+
+CUDA_OK, CUDA_WHY = _cuda_status()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
+
+
+def _run(net, rows, variant="auto"):
+    from spdnn_mpi.backends.cuda import CudaBackend
+
+    backend = CudaBackend(variant=variant)
+    backend.load_network(net.layers)
+    return run_inference(net, rows, backend, want_features=True)
+
+
+def _assert_matches_reference(net, rows, res):
+    ids, ref = reference_infer(net, rows)
+    np.testing.assert_array_equal(res.alive_ids, ids)
+    if ref.size:
+        err = np.linalg.norm(res.features - ref) / max(np.linalg.norm(ref), 1e-30)
+        assert err <= 1e-5, err
+
+
+@pytest.mark.parametrize("variant", ["auto", "csr"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_classifiers_match_reference(variant, seed):
+    rng = np.random.default_rng(100 + seed)
+    widths = [int(x) for x in rng.integers(20, 300, 3)] + [10]
+    net = random_network(rng, widths, 0.2, bias="positive", clip=None,
+                         activations=["relu", "relu", "none"])
+    rows = random_inputs(rng, 333, widths[0], 0.3, binary=False)
+    res = _run(net, rows, variant)
+    _assert_matches_reference(net, rows, res)
+    ours = classes_of_rows(rows.n_rows, res.alive_ids, res.features)
+    np.testing.assert_array_equal(ours, reference_predictions(net, rows))
+
+
+@pytest.mark.parametrize("variant", ["auto", "smem32", "global", "csr"])
+def test_linear_uniform_layers_on_every_kernel(variant):
+    """Fixed degree, uniform weights (the ELL kernels), no activation: floor -inf."""
+    rng = np.random.default_rng(7)
+    n, degree, layers = 256, 16, []
+    for k in range(3):
+        idx = np.sort(np.stack([rng.choice(n, degree, replace=False) for _ in range(n)]), axis=1)
+        indptr = np.arange(0, degree * n + 1, degree, dtype=np.int64)
+        bias = rng.uniform(-0.5, 0.2, n).astype(np.float32)
+        layers.append(Layer(n, n, indptr, idx.ravel().astype(np.uint16), None, -0.125, bias,
+                            None if k < 2 else 4.0, "none" if k != 1 else "relu"))
+    net = Network(layers)
+    rows = random_inputs(rng, 200, n, 0.2, binary=False)
+    _assert_matches_reference(net, rows, _run(net, rows, variant))
+
+
+def test_negative_outputs_are_alive():
+    w = -np.eye(40, dtype=np.float32)
+    i, j = np.nonzero(w)
+    net = Network([Layer.from_coo(i, j, w[i, j], 40, 40, activation="none")])
+    dense = np.zeros((70, 40), np.float32)
+    dense[::2, 3] = 1.0  # even rows: one negative output; odd rows: all zero
+    rows = SparseRows.from_dense(dense)
+    res = _run(net, rows)
+    np.testing.assert_array_equal(res.alive_ids, np.arange(0, 70, 2))
+
+
+def test_shipped_models_predict_like_the_reference(tmp_path):
+    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.generators import mnist_models as mm
+
+    for entry in [e for e in mm.bundled_models() if e.get("file")]:
+        with Store(mm.model_store(entry, tmp_path)) as st:
+            net, rows, expected = st.network(), st.inputs(), st.predictions(st.n_layers)
+        res = _run(net, rows)
+        _assert_matches_reference(net, rows, res)
+        ours = classes_of_rows(rows.n_rows, res.alive_ids, res.features)
+        np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.parametrize("peer", ["torch_dense_infer", "torch_sparse_mlp_infer"])
+def test_torch_model_peers_match_the_reference(peer):
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.peers import torch_dense
+    from spdnn_mpi.reference import forward_dense
+
+    rng = np.random.default_rng(5)
+    net = random_network(rng, [60, 90, 10], 0.3, bias="positive", clip=None,
+                         activations=["relu", "none"])
+    rows = random_inputs(rng, 150, 60, 0.3, binary=False)
+    try:
+        out, seconds, times = getattr(torch_dense, peer)(net, rows, batch=64, repeat=2)
+    except SpdnnError as exc:
+        pytest.skip(str(exc))
+    full = forward_dense(net, rows.to_dense())
+    np.testing.assert_allclose(out, full, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(np.argmax(out, axis=1), reference_predictions(net, rows))
+    assert seconds > 0 and len(times) == 2
