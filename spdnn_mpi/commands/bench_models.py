@@ -81,7 +81,7 @@ def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
     """One model: our time, accuracy and check, then every asked-for model peer."""
     import importlib
 
-    from spdnn_mpi.engine import time_inference
+    from spdnn_mpi.engine import run_inference, time_inference
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.mlp import sparsity
     from spdnn_mpi.formats.store import Store
@@ -97,6 +97,7 @@ def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
         labels = np.resize(labels, rows.n_rows)
     width = network.layers[-1].n_out
     backend.load_network(network.layers)
+    run_inference(network, rows, backend, batch=args.batch)  # buffers of this batch size
     median, times, res = time_inference(network, rows, backend, args.repeat, args.batch,
                                         want_features=True)
     ours = _outputs(res, rows.n_rows, width)

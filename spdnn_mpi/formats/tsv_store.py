@@ -1,0 +1,265 @@
+"""Official Graph Challenge TSV files into a store: one network (``prepare_store``) or a tree.
+
+Reads a ``neuron{N}`` folder layer by layer (never the whole network), plus
+optionally the ``sparse-images-{N}.tsv`` inputs and ``neuron{N}-l{L}-
+categories.tsv`` truth files, and writes one store atomically: on any error
+nothing is left under the output name. ``spdnn prepare`` and
+``tools/convert_tree.py`` are the command-line faces of this module.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_CLIP = 32.0
+
+
+class _Progress:
+    """Layer progress on stderr, at most about once a second."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total = total
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.edges = 0
+
+    def layer_done(self, k: int, nnz: int) -> None:
+        self.edges += nnz
+        now = time.perf_counter()
+        if self.enabled and (now - self.last >= 1.0 or k == self.total):
+            dt = max(now - self.start, 1e-9)
+            print(
+                f"spdnn prepare: layer {k}/{self.total}  {k / dt:.1f} layers/s  "
+                f"{self.edges / dt / 1e6:.1f} M edges/s",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.last = now
+
+
+def _log(enabled: bool, message: str) -> None:
+    if enabled:
+        print(f"spdnn prepare: {message}", file=sys.stderr, flush=True)
+
+
+def prepare_store(
+    weights: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    neurons: int | None = None,
+    n_layers: int | None = None,
+    inputs: str | os.PathLike | None = None,
+    n_images: int | None = None,
+    categories: Mapping[int, str | os.PathLike] | None = None,
+    bias: float | None = None,
+    clip: float | None = DEFAULT_CLIP,
+    force: bool = False,
+    progress: bool = True,
+    generate_inputs: bool = False,
+    truth_layers: list[int] | None = None,
+    truth_backend: str = "reference",
+) -> Path:
+    """Convert an official tree (one N) into a store at ``out``; returns its path.
+
+    Everything cheap is checked before the long part starts (every layer file
+    exists, truth files parse); layers are then read and written one at a
+    time, so memory stays at one layer plus the inputs. Errors raise
+    SpdnnError/InputFormatError and leave no file under ``out``.
+    """
+    from spdnn_mpi import __version__
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats import tsv, tsv_tree
+    from spdnn_mpi.formats.store import StoreWriter
+    from spdnn_mpi.model import challenge_bias
+    from spdnn_mpi.outputs import check_output
+
+    weights = Path(weights)
+    out = Path(out)
+    _check_numbers(bias, clip, n_images)
+    check_output(out, "--out", force=force)
+    if not weights.is_dir():
+        raise SpdnnError(f"{weights}: no such weights folder")
+    if neurons is None:
+        neurons = tsv_tree.infer_neurons(weights)
+    if n_layers is None:
+        # all layers: a file missing in the middle is an error, not the end of the network
+        n_layers = tsv_tree.count_layers(weights, neurons)
+        if n_layers == 0:
+            tsv_tree.layer_path(weights, neurons, 1)  # raises: names the missing first file
+    if n_layers < 1:
+        raise SpdnnError(f"--layers must be at least 1, got {n_layers}")
+    layer_files = [tsv_tree.layer_path(weights, neurons, k) for k in range(1, n_layers + 1)]
+    bias = challenge_bias(neurons) if bias is None else float(bias)
+    categories = dict(categories or {})
+    sources = {f"the layer file {p.name}": p for p in layer_files}
+    sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
+    sources["the --inputs file"] = inputs
+    check_output(out, "--out", inputs=sources, force=force)
+    for n_l in categories:
+        if not 1 <= n_l <= n_layers:
+            raise SpdnnError(
+                f"truth {categories[n_l]} is for {n_l} layers but the store gets {n_layers}; "
+                f"use --layers {n_l} (or more) or leave that file out"
+            )
+
+    if generate_inputs and inputs is not None:
+        raise SpdnnError("give either --inputs FILE or --generate-inputs, not both")
+    truth_layers = sorted(set(truth_layers or []))
+    bad = [t for t in truth_layers if not 1 <= t <= n_layers]
+    if bad:
+        raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
+    if truth_layers and inputs is None and not generate_inputs:
+        raise SpdnnError("--truth-layers needs inputs: --inputs FILE or --generate-inputs")
+
+    t0 = time.perf_counter()
+    truth = {}
+    for n_l, path in sorted(categories.items()):
+        truth[n_l] = tsv.read_categories(path, n_images)
+    rows = None
+    if inputs is not None:
+        _log(progress, f"reading inputs {inputs}")
+        rows = tsv.read_images(inputs, neurons, n_images)
+        for n_l, ids in truth.items():
+            if len(ids) and ids[-1] > rows.n_rows:
+                raise SpdnnError(
+                    f"{categories[n_l]}: image id {int(ids[-1])} beyond the {rows.n_rows} "
+                    "images of the inputs (pass --images)"
+                )
+        _log(
+            progress,
+            f"inputs: {rows.n_rows} images, {rows.nnz} nonzeros ({time.perf_counter() - t0:.1f} s)",
+        )
+
+    if generate_inputs:
+        from spdnn_mpi.generators.digits import digit_images
+
+        rows = digit_images(neurons, 60000 if n_images is None else n_images)
+        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
+    provenance = {
+        "tool": "spdnn prepare",
+        "spdnn_mpi_version": __version__,
+        "prepared": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "source": {
+            "format": "graphchallenge-tsv",
+            "weights_dir": str(weights.resolve()),
+            "layer_files": f"{layer_files[0].name} .. {layer_files[-1].name}",
+            "inputs": str(Path(inputs).resolve()) if inputs is not None else (
+                "generated from MNIST digits (spdnn_mpi.generators.digits)"
+                if generate_inputs else None
+            ),
+            "categories": {str(k): str(Path(v).resolve()) for k, v in sorted(categories.items())},
+        },
+        "neurons": neurons,
+        "layers": n_layers,
+        "bias": bias,
+        "clip": clip,
+        "images": rows.n_rows if rows is not None else n_images,
+    }
+    _log(progress, f"{n_layers} layers of N={neurons} from {weights} -> {out}")
+    kept = []
+    with StoreWriter(out, provenance) as writer:
+        if rows is not None:
+            writer.write_inputs(rows)
+            if not truth_layers:
+                rows = None  # free before the layers
+        for n_l, ids in sorted(truth.items()):
+            writer.add_truth(n_l, ids, f"official categories file {Path(categories[n_l]).name}")
+        bar = _Progress(n_layers, progress)
+        for k, layer in enumerate(
+            tsv_tree.iter_layers(weights, neurons, n_layers, bias=bias, clip=clip), start=1
+        ):
+            writer.add_layer(layer)
+            bar.layer_done(k, layer.nnz)
+            if truth_layers:
+                kept.append(layer)
+        if truth_layers:
+            _add_computed_truth(writer, kept, rows, truth_layers, truth_backend, progress)
+    _log(
+        progress,
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
+    )
+    return out
+
+
+def _check_numbers(bias: float | None, clip: float | None, n_images: int | None) -> None:
+    """Refuse a bias or clip that is not a finite number, a clip <= 0, fewer than 1 image."""
+    from spdnn_mpi.errors import SpdnnError
+
+    if bias is not None and not math.isfinite(bias):
+        raise SpdnnError(f"--bias {bias}: must be a finite number")
+    if clip is not None and not (math.isfinite(clip) and clip > 0):
+        raise SpdnnError(f"--clip {clip}: must be a finite number > 0 (or --no-clip)")
+    if n_images is not None and n_images < 1:
+        raise SpdnnError(f"--images {n_images}: must be at least 1")
+
+
+def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:
+    """Compute and store the categories after each of ``truth_layers`` layers."""
+    from spdnn_mpi.truth import resolve_truth_backend, truth_by_count
+
+    name, fn = resolve_truth_backend(backend)
+    t0 = time.perf_counter()
+    for n_l, ids in truth_by_count(fn, layers, rows, truth_layers):
+        writer.add_truth(n_l, ids, name)
+        _log(progress, f"truth after {n_l} layers ({name}): {len(ids)} of {rows.n_rows} "
+                       f"images survive, {time.perf_counter() - t0:.1f} s")
+
+
+def convert_tree(
+    root: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    neurons: list[int] | None = None,
+    split: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> list[Path]:
+    """Convert every network of an official tree into stores; returns their paths.
+
+    One store per N, ``neuron{N}-l{L}.h5`` with all L layers found and every
+    truth file that fits; with ``split``, one store per truth file instead
+    (``neuron{N}-l{L}.h5`` holding the first L layers), as the 120- and
+    480-layer networks are the first layers of the 1920-layer one.
+    """
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats import tsv_tree
+
+    nets = tsv_tree.scan_tree(root)
+    if neurons:
+        nets = [n for n in nets if n.neurons in neurons]
+    if not nets:
+        wanted = f" for N in {neurons}" if neurons else ""
+        raise SpdnnError(f"{root}: no neuron{{N}} folder with layer files{wanted}")
+    out_dir = Path(out_dir)
+    written = []
+    for net in nets:
+        fits = {n_l: p for n_l, p in net.categories.items() if n_l <= net.n_layers}
+        for n_l, p in net.categories.items():
+            if n_l > net.n_layers:
+                _log(progress, f"skipping {p}: {n_l} layers wanted, {net.n_layers} found")
+        if split and fits:
+            jobs = [(n_l, {n_l: p}) for n_l, p in fits.items()]
+        else:
+            jobs = [(net.n_layers, fits)]
+        for n_l, truth in jobs:
+            out = out_dir / f"neuron{net.neurons}-l{n_l}.h5"
+            written.append(
+                prepare_store(
+                    net.weights_dir,
+                    out,
+                    neurons=net.neurons,
+                    n_layers=n_l,
+                    inputs=net.images,
+                    categories=truth,
+                    force=force,
+                    progress=progress,
+                )
+            )
+    return written
