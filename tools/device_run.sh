@@ -100,8 +100,8 @@ if [[ $steps == *compress* ]]; then
   configs="${COMPRESS_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x1920 --config 16384x1920}"
   # shellcheck disable=SC2086
   timeout "${COMPRESS_TIMEOUT:-300}" python3 -m spdnn_mpi.peers.gpu $configs \
-    ${COMPRESS_VARIANTS:---variant auto} --compress off \
-    --compress auto --repeat 3 --peer cusparse --peer-max "${COMPRESS_PEER_MAX:-7864320}" \
+    ${COMPRESS_VARIANTS:---variant auto} ${COMPRESS_MODES:---compress off --compress auto} \
+    --repeat 3 --peer cusparse --peer-max "${COMPRESS_PEER_MAX:-7864320}" \
     --json "$out/compress.json" > "$out/compress.log" 2>&1
   note "compress rc=$?"
 fi
@@ -138,9 +138,11 @@ if [[ $steps == *models* ]]; then
       --json "$out/bench_models_$images.json" 2>&1 | tee "$out/bench_models_$images.log"
     note "models bench, cuda, $images images: rc=${PIPESTATUS[0]}"
   done
-  spdnn bench --models --backend cpu --peer onnxruntime --repeat 5 --data-dir /tmp/bench \
-    --json "$out/bench_models_cpu.json" 2>&1 | tee "$out/bench_models_cpu.log"
-  note "models bench, cpu: rc=${PIPESTATUS[0]}"
+  if [[ ${MODELS_CPU:-1} == 1 ]]; then
+    spdnn bench --models --backend cpu --peer onnxruntime --repeat 5 --data-dir /tmp/bench \
+      --json "$out/bench_models_cpu.json" 2>&1 | tee "$out/bench_models_cpu.log"
+    note "models bench, cpu: rc=${PIPESTATUS[0]}"
+  fi
 fi
 
 echo
