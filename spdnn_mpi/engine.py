@@ -43,8 +43,12 @@ class Backend(Protocol):
     name: str
     tile_rows: int  # rows computed as one unit (merging below this saves nothing)
 
-    def load_network(self, layers: Sequence[Layer]) -> None:
-        """Upload the weights and build the backend's layout (not timed as inference)."""
+    def load_network(self, layers: Sequence[Layer], progress=None) -> None:
+        """Upload the weights and build the backend's layout (not timed as inference).
+
+        ``progress(layers done)`` may be called per layer where the build is long
+        (a ``progress.Progress``; the CUDA layout at large N).
+        """
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
         """Replace the current features with these input rows; optionally drop empty rows.

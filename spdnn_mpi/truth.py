@@ -7,10 +7,12 @@ A truth backend is any callable ``(network, rows) -> sorted 1-based ids``;
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.progress import Emit
 
 #: Truth backends by name: "module:function" of a ``(network, rows) -> categories``
 #: callable. "none" writes no truth. Faster backends register here.
@@ -21,7 +23,6 @@ TRUTH_BACKENDS: dict[str, str | None] = {
 }
 
 TruthFn = Callable[[Any, Any], Any]  # (Network, SparseRows) -> sorted 1-based ids
-ProgressFn = Callable[[str], None]  # one line of progress text
 
 
 def resolve_truth_backend(backend: str | TruthFn | None) -> tuple[str, TruthFn | None]:
@@ -41,17 +42,52 @@ def resolve_truth_backend(backend: str | TruthFn | None) -> tuple[str, TruthFn |
     return backend, getattr(importlib.import_module(module_name), func_name)
 
 
-def truth_by_count(truth_fn: TruthFn, layers: list, rows, counts: Sequence[int]) -> Iterator:
+def truth_memory_bytes(truth_fn: TruthFn | None, n_rows: int, width: int) -> int:
+    """Host memory a truth backend needs beyond the network and inputs (0 if it batches)."""
+    from spdnn_mpi.reference import reference_categories, reference_memory_bytes
+
+    if truth_fn is reference_categories:
+        return reference_memory_bytes(n_rows, width)
+    return 0  # the cpu backend sizes its batches to the memory available
+
+
+def check_truth_memory(truth_name: str, truth_fn: TruthFn | None, n_rows: int, width: int,
+                       extra: int = 0) -> None:
+    """Refuse before the long work starts when the truth computation cannot fit."""
+    from spdnn_mpi.memory import require
+
+    need = truth_memory_bytes(truth_fn, n_rows, width)
+    if need:
+        require(need + extra, f"truth by the {truth_name} backend ({n_rows} images x {width} "
+                              "neurons, dense)",
+                "use --truth-backend cpu (batched to fit), fewer --images, or a larger machine")
+
+
+def truth_by_count(truth_fn: TruthFn, layers: list, rows, counts: Sequence[int],
+                   emit: Emit | None = None, name: str = "") -> Iterator:
     """Yield (count, categories after the first ``count`` layers) for each count.
 
     The plain reference does every count in one pass (shorter networks are
-    prefixes of the deepest); other backends run once per count.
+    prefixes of the deepest); other backends run once per count. Progress
+    lines (layers done, rate, time left) go to ``emit``.
     """
     from spdnn_mpi.model import Network
+    from spdnn_mpi.progress import Progress
     from spdnn_mpi.reference import reference_categories, reference_categories_at
 
+    what = f"truth ({name or getattr(truth_fn, '__name__', 'custom')})"
     if truth_fn is reference_categories and counts:
-        yield from sorted(reference_categories_at(Network(layers), rows, list(counts)).items())
+        progress = Progress(what, max(counts), emit)
+        yield from sorted(
+            reference_categories_at(Network(layers), rows, list(counts), progress).items()
+        )
         return
+    if not counts:
+        return
+    takes_progress = "progress" in inspect.signature(truth_fn).parameters
     for n in counts:
-        yield n, truth_fn(Network(layers[:n]), rows)
+        progress = Progress(what, n, emit)
+        if takes_progress:
+            yield n, truth_fn(Network(layers[:n]), rows, progress=progress)
+        else:
+            yield n, truth_fn(Network(layers[:n]), rows)

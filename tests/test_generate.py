@@ -27,7 +27,7 @@ def test_generate_store_end_to_end(tmp_path, capsys):
     out = tmp_path / "net.h5"
     assert main(_args(out, "--layers-truth", "3,8")) == 0
     err = capsys.readouterr().err
-    assert "layers 8/8 written" in err and "truth after 8 layers" in err
+    assert "layer 8/8, written" in err and "truth after 8 layers" in err
     with Store(out) as st:
         assert st.n_layers == 8 and st.n_images == 600 and st.input_width == 1024
         for k in (0, 6, 7):

@@ -15,19 +15,8 @@ import numpy as np
 
 from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.engine import BatchResult
+from spdnn_mpi.memory import available_bytes
 from spdnn_mpi.model import Layer, SparseRows
-
-
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo, or 4 GiB where that cannot be read."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
 
 
 class CpuBackend:
@@ -51,7 +40,8 @@ class CpuBackend:
         self._spare: np.ndarray | None = None
 
     # -- network -----------------------------------------------------------
-    def load_network(self, layers: Sequence[Layer]) -> None:
+    def load_network(self, layers: Sequence[Layer], progress=None) -> None:
+        """Keep references to the layers in the kernels' dtypes (instant: no progress)."""
         self._layers = []
         width = 0
         for lay in layers:
@@ -184,7 +174,7 @@ class CpuBackend:
         return BatchResult(self._pos[slots], self._live, self._layer_seconds, features)
 
     def max_batch_rows(self, width: int) -> int | None:
-        budget = self._memory_fraction * available_memory_bytes()
+        budget = self._memory_fraction * available_bytes()
         return max(self.tile_rows, int(budget // (2 * width * 4)))
 
     def describe(self) -> dict:

@@ -158,8 +158,12 @@ class CudaBackend:
         return max(1, min(by_regs, by_threads, by_smem))
 
     # -- network -------------------------------------------------------------
-    def load_network(self, layers: Sequence[Layer]) -> None:
-        """Upload weights in each layer's kernel layout and compile the kernels."""
+    def load_network(self, layers: Sequence[Layer], progress=None) -> None:
+        """Upload weights in each layer's kernel layout and compile the kernels.
+
+        ``progress(layers done)`` is called after each layer's upload (it prints
+        at most every few seconds: a ``progress.Progress``).
+        """
         cp = self._cp
         t0 = time.perf_counter()
         smem_limit = self._smem_optin - 1024
@@ -236,6 +240,8 @@ class CudaBackend:
                     "extra": extra,
                 })
                 width = max(width, layer.n_in, layer.n_out)
+                if progress is not None:
+                    progress(len(self._layers))
             self._stream.synchronize()
         self.width = width
         self._n_layers = len(layers)

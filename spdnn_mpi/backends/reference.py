@@ -21,7 +21,7 @@ class ReferenceBackend:
     def __init__(self, **_options) -> None:
         self._layers: list = []
 
-    def load_network(self, layers: Sequence[Layer]) -> None:
+    def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         self._layers = [(lay.to_scipy_t(), lay.bias_vector(), lay) for lay in layers]
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:

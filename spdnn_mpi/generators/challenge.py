@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.truth import TruthFn, resolve_truth_backend, truth_by_count
-
-ProgressFn = Callable[[str], None]  # one line of progress text
+from spdnn_mpi.progress import Emit, Progress, stderr_lines
+from spdnn_mpi.truth import TruthFn, check_truth_memory, resolve_truth_backend, truth_by_count
 
 
 def cache_dir() -> Path:
@@ -31,35 +29,26 @@ def cache_dir() -> Path:
     return Path(base) / "spdnn_mpi"
 
 
-def _stderr_progress(line: str) -> None:
-    print(f"spdnn generate: {line}", file=sys.stderr, flush=True)
-
-
-def _reporting(
-    layers: Iterable,
-    total: int,
-    progress: ProgressFn | None,
-    keep: list,
-    keep_first: int,
-    every: float = 2.0,
-) -> Iterator:
-    """Pass layers through, keeping the first ``keep_first`` and reporting the rate."""
+def _reporting(layers: Iterable, total: int, emit: Emit | None, keep: list,
+               keep_first: int) -> Iterator:
+    """Pass layers through, keeping the first ``keep_first`` and reporting progress."""
+    progress = Progress("", total, emit)
     t0 = time.perf_counter()
-    next_report = t0 + every
     edges = 0
     for k, layer in enumerate(layers, start=1):
         yield layer  # the consumer writes it before the next one is made
         edges += layer.nnz
         if k <= keep_first:
             keep.append(layer)
-        now = time.perf_counter()
-        if progress is not None and (now >= next_report or k == total):
-            dt = max(now - t0, 1e-9)
-            progress(
-                f"layers {k}/{total} written, {k / dt:.1f} layers/s, "
-                f"{edges / dt / 1e6:.0f} M edges/s"
-            )
-            next_report = now + every
+        dt = max(time.perf_counter() - t0, 1e-9)
+        progress(k, f"written, {edges / dt / 1e6:.0f} M edges/s")
+
+
+def kept_layer_bytes(neurons: int, degree: int = 32) -> int:
+    """Host bytes of one generated layer held for the truth (int64 indptr, uint16
+    indices at N <= 65536, int32 above; no values: RadiX-Net weights are uniform)."""
+    index_bytes = 2 if neurons <= 65536 else 4
+    return 8 * (neurons + 1) + index_bytes * degree * neurons
 
 
 def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list[int]:
@@ -100,7 +89,7 @@ def generate_store(
     truth_layers: Sequence[int] | None = None,
     truth_backend: str | TruthFn | None = "reference",
     mnist_dir: str | os.PathLike | None = None,
-    progress: ProgressFn | None = None,
+    progress: Emit | None = None,
     *,
     shuffle: str = "cycle",
     threshold: int | None = None,
@@ -126,7 +115,7 @@ def generate_store(
     from spdnn_mpi.generators.radixnet import iter_radixnet, radixnet_provenance
 
     if progress is None and not quiet:
-        progress = _stderr_progress
+        progress = stderr_lines("spdnn generate")
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     try:
         layer_stream = iter_radixnet(neurons, layers, seed, shuffle)
@@ -137,6 +126,9 @@ def generate_store(
     truth_name, truth_fn = resolve_truth_backend(truth_backend)
     wanted = _check_truth_layers(truth_layers, layers) if truth_fn is not None else []
     _check_out(Path(path), neurons, wanted, tsv, force, mnist_dir)
+    if wanted:  # before hours of layers, not after: the kept layers count too
+        check_truth_memory(truth_name, truth_fn, images, neurons,
+                           extra=max(wanted) * kept_layer_bytes(neurons))
 
     t0 = time.perf_counter()
     digits, source = load_digits(mnist_dir)
@@ -167,7 +159,7 @@ def generate_store(
         """(layer count, categories) for each wanted count, from the layers kept."""
         t1 = time.perf_counter()
         out = []
-        for n, ids in truth_by_count(truth_fn, kept, rows, wanted):
+        for n, ids in truth_by_count(truth_fn, kept, rows, wanted, progress, truth_name):
             out.append((n, ids))
             if progress is not None:
                 progress(

@@ -1,0 +1,77 @@
+"""Host memory: what is available, what a process used at its peak, and early refusal.
+
+Long phases whose memory grows with the problem (the reference truth's dense
+feature matrices, the GraphBLAS peer) estimate what they need from the sizes
+and call ``require`` first, so a run that cannot fit stops at once with the
+numbers instead of swapping or being killed an hour in.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+from spdnn_mpi.errors import SpdnnError
+
+GB = 1e9
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (capped by a cgroup limit), or 4 GiB if unreadable."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        avail = 4 << 30
+    limit = _cgroup_room()
+    return min(avail, limit) if limit is not None else avail
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this process's cgroup v2 memory limit (a Slurm job's), if any."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            paths = [line.split(":", 2)[2].strip() for line in fh if line.startswith("0::")]
+        if not paths:
+            return None
+        folder = "/sys/fs/cgroup" + paths[0].rstrip("/")
+        with open(f"{folder}/memory.max") as fh:
+            text = fh.read().strip()
+        if text == "max":
+            return None
+        with open(f"{folder}/memory.current") as fh:
+            used = int(fh.read().strip())
+        return max(0, int(text) - used)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_host_bytes() -> dict[str, int]:
+    """Peak resident memory of this process and of its finished children (getrusage)."""
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale
+    return {"peak_host_bytes": int(own), "peak_children_bytes": int(children)}
+
+
+def format_bytes(n: float) -> str:
+    """``1.23 GB`` / ``456 MB``: decimal units, as the docs quote them."""
+    if n >= GB:
+        return f"{n / GB:.2f} GB"
+    return f"{n / 1e6:.0f} MB"
+
+
+def require(need: int, what: str, hint: str = "", available: int | None = None) -> None:
+    """Raise a clear SpdnnError when ``need`` bytes exceed the memory available now."""
+    have = available_bytes() if available is None else available
+    if need > have:
+        raise SpdnnError(
+            f"{what} needs about {format_bytes(need)} of host memory, "
+            f"{format_bytes(have)} is available" + (f"; {hint}" if hint else "")
+        )

@@ -1,0 +1,88 @@
+"""Progress lines for long phases: steps done, rate, time spent and time left.
+
+One helper for every long phase (inference, reference truth, the GraphBLAS
+peer, generating and converting layers, the CUDA layout build), so they all
+print the same way and all fall silent with ``--quiet``. A ``Progress`` is
+cheap to call once per layer: it reads the clock and prints at most every
+``every`` seconds (and once at the end).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+Emit = Callable[[str], None]  # where one finished line of progress text goes
+
+
+def stderr_lines(prefix: str) -> Emit:
+    """An ``Emit`` printing ``prefix: line`` to stderr, flushed at once."""
+
+    def emit(line: str) -> None:
+        print(f"{prefix}: {line}", file=sys.stderr, flush=True)
+
+    return emit
+
+
+def format_seconds(seconds: float) -> str:
+    """``4.2 s``, ``3 min 05 s``, ``1 h 02 min``: short and readable at any size."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class Progress:
+    """Rate-limited lines like ``truth (reference): layer 40/120, 12.3 layers/s, 3.2 s, ...``.
+
+    ``emit`` None makes every call a no-op (quiet). Time left is the time
+    spent so far scaled to the steps that remain: an upper bound for phases
+    whose steps get cheaper (layers after rows die), close for even ones.
+    """
+
+    def __init__(self, what: str, total: int, emit: Emit | None, *, unit: str = "layer",
+                 every: float = 2.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.what = what
+        self.total = int(total)
+        self.emit = emit
+        self.unit = unit
+        self.every = every
+        self.clock = clock
+        self.start = clock()
+        self._next = self.start + every
+
+    @property
+    def enabled(self) -> bool:
+        return self.emit is not None
+
+    def __call__(self, done: int, detail: str = "", elapsed: float | None = None) -> None:
+        """Report ``done`` of ``total`` steps; prints when due, and always at the end."""
+        if self.emit is None:
+            return
+        now = self.clock()
+        if done < self.total and now < self._next:
+            return
+        self._next = now + self.every
+        self.emit(self.line(done, now - self.start if elapsed is None else elapsed, detail))
+
+    def line(self, done: int, elapsed: float, detail: str = "") -> str:
+        """The text of one progress line (no prefix)."""
+        head = f"{self.what}: " if self.what else ""
+        parts = [f"{head}{self.unit} {done}/{self.total}"]
+        if detail:
+            parts.append(detail)
+        if elapsed > 0 and done > 0:
+            parts.append(f"{done / elapsed:.1f} {self.unit}s/s")
+        parts.append(format_seconds(elapsed))
+        if 0 < done < self.total and elapsed > 0:
+            parts.append(f"about {format_seconds(elapsed * (self.total - done) / done)} left")
+        return ", ".join(parts)
+
+    def note(self, text: str) -> None:
+        """One free line (a phase starting or finishing), unless quiet."""
+        if self.emit is not None:
+            self.emit(text)
