@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.errors import RankFailure, SpdnnError
 
 T = TypeVar("T")
 
@@ -218,12 +218,22 @@ def checkpoint(comm, error: str | None) -> None:
     """Agree across ranks: if any rank failed, every rank raises the first failure.
 
     Each rank arrives with its own error (or None), so a failing rank never
-    leaves the others waiting in a later collective.
+    leaves the others waiting in a later collective. The ``RankFailure``
+    names the first failing rank by its real number; only that rank prints
+    it (see ``cli.main``), so the user reads one message, not one per rank.
     """
     errors = comm.allgather(error)
-    for rank, err in enumerate(errors):
-        if err is not None:
-            raise SpdnnError(f"rank {rank} of {comm.Get_size()}: {err}")
+    failed = [rank for rank, err in enumerate(errors) if err is not None]
+    if not failed:
+        return
+    first, size = failed[0], comm.Get_size()
+    message = errors[first] if size == 1 else f"rank {first} of {size}: {errors[first]}"
+    others = failed[1:]
+    if others:
+        same = all(errors[r] == errors[first] for r in others)
+        listed = ", ".join(map(str, others[:8])) + (", ..." if len(others) > 8 else "")
+        message += f" (also failed: rank(s) {listed}{', same error' if same else ''})"
+    raise RankFailure(message, first, comm.Get_rank() == first)
 
 
 def run_phase(comm, fn: Callable[[], T]) -> T:

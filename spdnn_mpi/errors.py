@@ -32,3 +32,17 @@ class ModelFormatError(SpdnnError):
         self.where = where
         self.message = message
         super().__init__(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")
+
+
+class RankFailure(SpdnnError):
+    """A failure some rank had in a phase, as every rank learns it at a checkpoint.
+
+    Every rank raises it (so all stop), but only the rank that failed first
+    has ``print_here`` set: the CLI prints the message once, from that rank,
+    and the others exit with the same status silently.
+    """
+
+    def __init__(self, message: str, rank: int, print_here: bool):
+        super().__init__(message)
+        self.rank = rank
+        self.print_here = print_here
