@@ -30,8 +30,10 @@ SUBCOMMANDS: dict[str, str] = {
 COMMAND_MODULES: dict[str, str] = {"import": "import_model"}
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except the empty ones (None, False, [])."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                     argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except the empty ones (None, False, []); keeps the examples
+    (a command's ``EXAMPLES``, shown as its epilog) as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default in (None, False, []) or action.default is argparse.SUPPRESS:
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=(module.__doc__ or help_text).strip().splitlines()[0],
+            epilog=getattr(module, "EXAMPLES", None),
             formatter_class=_HelpFormatter,
         )
         module.add_arguments(p)
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except SpdnnError as exc:
-        print(f"spdnn {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(exc, "print_here", True):  # a RankFailure prints on its rank only
+            print(f"spdnn {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         print(f"spdnn {args.command}: interrupted", file=sys.stderr)

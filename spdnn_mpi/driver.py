@@ -18,8 +18,10 @@ from spdnn_mpi.backends import make_backend, resolve_backend_name
 from spdnn_mpi.engine import InferenceResult, run_inference
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.formats.store import Store
+from spdnn_mpi.memory import peak_host_bytes
 from spdnn_mpi.model import ACTIVATIONS, Layer, Network
 from spdnn_mpi.outputs import check_distinct, check_output
+from spdnn_mpi.progress import Progress
 from spdnn_mpi.readout import classes_of_rows
 from spdnn_mpi.report import edges_per_second, machine_info
 
@@ -41,6 +43,7 @@ class RunOptions:
     check: bool = False  # read the truth at the start; the report gets it as "_truth"
     out: str | None = None  # output paths rank 0 will write: checked before the run
     json: str | None = None
+    emit: Callable[[str], None] | None = None  # rank 0's progress lines of the layout build
 
 
 def check_options(opts: RunOptions) -> None:
@@ -220,7 +223,9 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         state["validate_seconds"] = store.validate_seconds - checked_before
         options: dict = {}
         if backend_name == "cuda":
-            import cupy
+            from spdnn_mpi.backends.cuda import import_cupy
+
+            cupy = import_cupy()  # a clear install hint where CuPy is missing
 
             def uuid_of(dev: int) -> str:
                 props = cupy.cuda.runtime.getDeviceProperties(dev)
@@ -232,7 +237,8 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         else:
             options["threads"] = mpi.cpu_threads_per_rank(node.local_size, opts.threads)
         backend = make_backend(backend_name, **options)
-        backend.load_network(network.layers)
+        backend.load_network(network.layers, progress=Progress(
+            "layout", state["n_layers"], opts.emit if rank == 0 else None))
         # Untimed warm-up on a few rows: kernel compilation and CUDA graph capture
         # belong to set-up (reported as layout time), not to inference.
         run_inference(network, rows.slice(0, min(rows.n_rows, 64)), backend, batch=opts.batch,
@@ -278,6 +284,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         "compression": result.compression,
         "batches": result.batches,
         "backend": state["backend"].describe(),
+        **peak_host_bytes(),
     }, root=0)
     if rank != 0:
         return None
@@ -313,6 +320,8 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         "load_seconds": max(r["load_seconds"] for r in per_rank),
         "validate_seconds": max(r["validate_seconds"] for r in per_rank),
         "layout_seconds": max(r["layout_seconds"] for r in per_rank),
+        "peak_host_bytes": max(r["peak_host_bytes"] for r in per_rank),
+        "peak_children_bytes": max(r["peak_children_bytes"] for r in per_rank),
         "imbalance": float(slowest / times.mean()) if times.mean() > 0 else 1.0,
         "live_rows_per_layer": live.tolist(),
         "layer_seconds": None if result.layer_seconds is None else result.layer_seconds.tolist(),

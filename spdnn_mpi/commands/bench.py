@@ -21,6 +21,22 @@ import numpy as np
 
 PEERS = ("graphblas", "cusparse", "torch", "onnxruntime", "torch-dense")
 
+EXAMPLES = """\
+examples:
+  spdnn bench real1024.h5 --backend cpu --peer graphblas --repeat 5
+  spdnn bench --config 1024x120 --config 4096x480 --backend cuda --peer cusparse --peer torch
+  spdnn bench --challenge --backend cuda --peer cusparse --json challenge.json
+  spdnn bench --models --peer onnxruntime --plot models.png
+
+columns (also printed under the table): TE/s from the median of --repeat timed
+runs; runs_s = fastest-slowest of those runs (auto, else off); <peer>_s = the
+peer's time (one run after a warm-up); x<peer> = <peer>_s / our off time, our
+speed-up over that peer on the same data (DISAGREE: its categories differ).
+memory: the graphblas peer needs about 16 B x images x N of host memory beside
+ours (measured: 1.7 GB for the whole bench at 60000 x 1024, 0.7 GB without the
+peer); the JSON has the process's peak (peak_host_bytes).
+"""
+
 
 def default_data_dir() -> Path:
     """Where generated benchmark stores are cached ($SPDNN_CACHE_DIR or ~/.cache)."""
@@ -56,49 +72,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(repeatable; stores are generated once into --data-dir)")
     p.add_argument("--challenge", action="store_true",
                    help="all 12 challenge configurations (N 1024..65536 x L 120, 480, 1920)")
-    p.add_argument("--layers", type=int, action="append", default=[],
+    p.add_argument("--layers", type=int, action="append", default=[], metavar="L",
                    help="layer counts to run on each STORE (repeatable; default: all)")
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
-                   help="backend to measure")
+                   help="backend to measure; auto picks cuda when CuPy sees a GPU, else cpu")
     p.add_argument("--peer", action="append", default=[], choices=PEERS,
-                   help="also run this peer on the same data and report our speed over its "
-                        "(models: onnxruntime, torch-dense and torch, the sparse one)")
+                   help="also run this peer on the same data and report our speed over its; "
+                        "repeatable: --peer cusparse --peer torch (models: onnxruntime, "
+                        "torch-dense and torch, the sparse one)")
     p.add_argument("--model", type=float, action="append", default=[], metavar="SPARSITY",
                    help="a shipped pruned MNIST model by sparsity in percent, e.g. 95 "
                         "(repeatable)")
     p.add_argument("--models", action="store_true", help="every shipped pruned MNIST model")
-    p.add_argument("--model-images", type=int, default=None, metavar="N",
-                   help="models: time N images (the store's inputs repeated; default: them)")
+    p.add_argument("--model-images", type=int, default=None, metavar="COUNT",
+                   help="models: time COUNT images (the store's inputs repeated; default: them)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="models: draw speed-up and accuracy against sparsity (matplotlib)")
     p.add_argument("--peer-max", type=parse_config, default=None, metavar="NxL",
                    help="run peers only on cases with N*L at most this (default: all)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per case (median reported)")
+    p.add_argument("--repeat", type=int, default=3, metavar="COUNT",
+                   help="timed runs per case (median reported, with min and max)")
     p.add_argument("--ranks-sim", type=rank_counts, default=None, metavar="P[,P...]",
                    help="also run each of P count-balanced partitions in turn and report "
                         "per-partition times, imbalance and projected P-rank speedup "
                         "(several counts: 2,4,8; the table shows the first)")
-    p.add_argument("--images", type=int, default=60000, help="images in generated stores")
-    p.add_argument("--seed", type=int, default=1, help="seed of generated stores")
-    p.add_argument("--truth-max", type=parse_config, default=parse_config("4096x120"),
+    p.add_argument("--images", type=int, default=60000, metavar="COUNT",
+                   help="images in generated stores")
+    p.add_argument("--seed", type=int, default=1, metavar="SEED", help="seed of generated stores")
+    p.add_argument("--truth-max", type=parse_config, default="4096x120",
                    metavar="NxL",
                    help="generated stores get reference truth only up to this N*L "
                         "(larger cases are checked against a peer)")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="cache for generated stores (default: $SPDNN_CACHE_DIR/bench)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (cpu backend)")
-    p.add_argument("--batch", type=int, default=None, help="images per batch")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="cache for generated stores (default: bench/ under $SPDNN_CACHE_DIR, "
+                        "else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi)")
+    p.add_argument("--threads", type=int, default=None, metavar="COUNT",
+                   help="CPU threads, for the cpu backend and the graphblas peer "
+                        "(default: all usable cores)")
+    p.add_argument("--batch", type=int, default=None, metavar="ROWS",
+                   help="images per batch (default: as many as fit in memory)")
     p.add_argument("--compress", default="both", choices=["both", "auto", "off"],
                    help="both: time every case without compression (off: every live row "
                         "computed) and with it (auto: each group of bit-identical rows once), "
                         "side by side; or just one of them")
-    p.add_argument("--json", default=None, metavar="FILE", help="write all results as JSON")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write all results as JSON to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def _log(args, msg: str) -> None:
     if not args.quiet:
         print(msg, file=sys.stderr, flush=True)
+
+
+def _emit(args):
+    """Where progress lines go: indented on stderr, or nowhere with --quiet."""
+    if args.quiet:
+        return None
+    return lambda line: print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def generated_cases(args) -> list[tuple[Path, int]]:
@@ -134,17 +165,23 @@ def generated_cases(args) -> list[tuple[Path, int]]:
     return cases
 
 
-def run_peer(name: str, network, rows, threads: int | None):
+def run_peer(name: str, network, rows, threads: int | None, emit=None):
     """(alive ids, seconds) of one peer, after an untimed warm-up on a few rows.
 
     The warm-up keeps library start-up (handles, kernel compilation) out of
-    the peer's time, as ``engine.time_inference`` does for ours.
+    the peer's time, as ``engine.time_inference`` does for ours. Progress
+    lines of the timed run go to ``emit`` (GraphBLAS: 13-30 s at 1024 x 120).
     """
     if name == "graphblas":
-        from spdnn_mpi.peers.graphblas import graphblas_infer
+        from spdnn_mpi.peers.graphblas import graphblas_infer, graphblas_memory_check
+        from spdnn_mpi.progress import Progress
+
+        graphblas_memory_check(network, rows)
 
         def fn(r):
-            return graphblas_infer(network, r, threads)
+            progress = Progress("peer graphblas", network.n_layers,
+                                emit if r is rows else None)
+            return graphblas_infer(network, r, threads, progress)
     else:
         from spdnn_mpi.peers import gpu as peers_gpu
 
@@ -193,6 +230,7 @@ def time_mode(args, network, rows, backend, mode: str, set_up_seconds: float) ->
     computed = res.computed_edges(network) / median if median > 0 else float("inf")
     return {
         "compress": mode, "seconds": median, "seconds_all": times,
+        "seconds_min": min(times), "seconds_max": max(times),
         "edges_per_second": nominal, "teraedges_per_second": nominal / 1e12,
         "computed_edges_per_second": computed, "computed_teraedges_per_second": computed / 1e12,
         "alive_at_end": int(len(ours)), "input_seconds": res.input_seconds,
@@ -229,6 +267,8 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     from spdnn_mpi.driver import compare_categories
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.memory import peak_host_bytes
+    from spdnn_mpi.progress import Progress
     from spdnn_mpi.report import edges_per_second
 
     with Store(store_path) as store:
@@ -241,7 +281,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
         read_s = time.perf_counter() - t0
     n = network.n_inputs
     t0 = time.perf_counter()
-    backend.load_network(network.layers)
+    backend.load_network(network.layers, progress=Progress("layout", n_layers, _emit(args)))
     layout_s = time.perf_counter() - t0
     modes = {m: time_mode(args, network, rows, backend, m, read_s + layout_s)
              for m in mode_names(args.compress)}
@@ -264,7 +304,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
             continue
         _log(args, f"  peer {peer} on {n}x{n_layers} ...")
         try:
-            ids, seconds = run_peer(peer, network, rows, args.threads)
+            ids, seconds = run_peer(peer, network, rows, args.threads, _emit(args))
         except SpdnnError as exc:
             row["peers"][peer] = {"skipped": str(exc)}
             continue
@@ -287,6 +327,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
             m["ranks_sim"] = m["ranks_sim_all"][0]
     for m in modes.values():
         del m["_categories"]
+    row.update(peak_host_bytes())  # of the process so far: the largest case run yet
     return row
 
 
@@ -297,12 +338,17 @@ def row_failed(row: dict) -> bool:
     return bad or any(p.get("agrees") is False for p in row["peers"].values())
 
 
+def _runs(mode: dict) -> str:
+    """``0.582-0.611``: the spread of one mode's timed runs, in seconds."""
+    return f"{mode['seconds_min']:.3f}-{mode['seconds_max']:.3f}"
+
+
 def table(rows: list[dict], peers: list[str]) -> str:
     """One line per case: both modes side by side, the anchors and our ratio to each."""
     from spdnn_mpi.report import format_table
 
     headers = ["N", "L", "off_TE/s", "auto_TE/s", "computed", "auto/off", "A100_2020",
-               "off/A100", "SNICIT", "auto/SNICIT", "e2e_s", "alive", "check"]
+               "off/A100", "SNICIT", "auto/SNICIT", "runs_s", "e2e_s", "alive", "check"]
     for peer in peers:
         headers += [f"{peer}_s", f"x{peer}"]
     sim = any("ranks_sim" in m for r in rows for m in r["modes"].values())
@@ -320,7 +366,8 @@ def table(rows: list[dict], peers: list[str]) -> str:
                 auto_t / off_t if off_t and auto_t else None,
                 a100, off_t / a100 if off_t and a100 else None,
                 snicit, auto_t / snicit if auto_t and snicit else None,
-                (auto or off)["end_to_end_seconds"], (auto or off)["alive_at_end"],
+                _runs(auto or off), (auto or off)["end_to_end_seconds"],
+                (auto or off)["alive_at_end"],
                 "FAIL" if row_failed(r) else ("pass" if checks else "-")]
         for peer in peers:
             pr = r["peers"].get(peer, {})
@@ -336,7 +383,8 @@ def table(rows: list[dict], peers: list[str]) -> str:
               "computed: edges actually multiplied / time (auto); off: every live row "
               "computed; auto: each group of bit-identical rows once. A100_2020 and SNICIT: "
               "published TE/s (2020 paper, one A100; SNICIT 2023, one RTX A6000). e2e_s: "
-              "store read + layout + inputs + inference + categories file. x<peer>: the "
+              "store read + layout + inputs + inference + categories file. runs_s: "
+              "fastest-slowest of the --repeat timed runs (auto, else off). x<peer>: the "
               "peer's time over ours (off).")
     return format_table(headers, out) + "\n" + legend
 
@@ -345,6 +393,7 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.backends import make_backend, resolve_backend_name
     from spdnn_mpi.commands import bench_models
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.memory import peak_host_bytes
     from spdnn_mpi.outputs import check_output
     from spdnn_mpi.report import machine_info, write_json
 
@@ -373,7 +422,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:  # after every case, so a long run that is cut short keeps its results
             write_json(args.json, {"machine": machine_info(), "backend": name,
                                    "argv": sys.argv[1:], "cwd": os.getcwd(),
-                                   "results": results, "models": models})
+                                   "results": results, "models": models,
+                                   **peak_host_bytes()})
 
     for path in model_paths:
         _log(args, f"model {path.name} ...")

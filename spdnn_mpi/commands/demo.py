@@ -17,20 +17,32 @@ DEMO_NEURONS = 1024
 DEMO_LAYERS = 120
 
 
+EXAMPLES = """\
+examples:
+  spdnn demo                      # generate once (about 20 s), then infer and check
+  spdnn demo --backend cpu --json demo.json
+  spdnn demo --images 6000 --quiet
+  spdnn demo --model 95           # a shipped pruned MNIST classifier instead
+
+memory: about 1 GB the first time (generation and reference truth), 0.7 GB cached.
+"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
-                   help="compute backend; auto picks cuda when CuPy sees a GPU, else cpu")
-    p.add_argument("--images", type=int, default=60000, help="number of input images")
-    p.add_argument("--seed", type=int, default=1, help="seed of the generated network")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="where the demo store is kept (default: $SPDNN_CACHE_DIR or "
-                        "~/.cache/spdnn_mpi)")
+    from spdnn_mpi.commands.options import add_backend, add_images, add_json, add_quiet, add_seed
+
+    add_backend(p)
+    add_images(p, 60000, "number of input images")
+    add_seed(p)
+    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                   help="where the demo store is kept (default: $SPDNN_CACHE_DIR, else "
+                        "$XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi)")
     p.add_argument("--regenerate", action="store_true", help="rebuild the cached store")
     p.add_argument("--model", type=float, default=None, metavar="SPARSITY",
                    help="run a shipped pruned MNIST classifier instead, by sparsity in "
                         "percent (90, 95, 98 or 99)")
-    p.add_argument("--json", default=None, metavar="REPORT", help="write the report as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_json(p, "the run report")
+    add_quiet(p)
 
 
 def demo_store(args) -> Path:

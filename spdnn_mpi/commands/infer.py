@@ -11,29 +11,45 @@ labels is printed when the store has them.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 import numpy as np
 
+EXAMPLES = """\
+examples:
+  spdnn infer store.h5 --check
+  spdnn infer store.h5 --layers 120 --backend cpu --out cats.tsv --json report.json
+  mpiexec -n 4 spdnn infer store.h5 --backend cuda --check --json report.json
+  spdnn infer model.h5 --check --out classes.tsv   # an argmax store from `spdnn import`
+
+The text report gives the figure of merit (edges/s over the slowest rank), load
+and layout time, live rows after a few layers, the categories (argmax stores:
+predictions and accuracy), peak host memory and the machine;
+with several ranks also each rank's time (or min/median/max beyond 8 ranks).
+The JSON report has every layer's live rows and every rank's details.
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from spdnn_mpi.commands.options import add_backend, add_json, add_quiet
+
     p.add_argument("store", help="HDF5 store made by `spdnn generate` or `spdnn prepare`")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--layers", type=int, default=None, metavar="L",
                    help="number of layers to run (default: all layers in the store)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
-                   help="compute backend; auto picks cuda when CuPy sees a GPU, else cpu")
+    add_backend(p)
     p.add_argument("--check", action="store_true",
                    help="compare with the store's truth (argmax stores: its reference "
                         "predictions); exit 1 on any difference")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, metavar="FILE",
                    help="write the categories here (official TSV format; argmax stores: "
                         "image_id<TAB>class lines)")
-    p.add_argument("--json", default=None, metavar="REPORT", help="write the run report as JSON")
-    p.add_argument("--batch", type=int, default=None,
+    add_json(p, "the run report")
+    p.add_argument("--batch", type=int, default=None, metavar="ROWS",
                    help="images per batch on each rank (default: as many as fit in memory)")
     p.add_argument("--partition", default="count", choices=["count", "nnz"],
                    help="split images across ranks by count or by input nonzeros")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=int, default=None, metavar="COUNT",
                    help="CPU threads per rank (default: usable cores / ranks on the node)")
     p.add_argument("--oversubscribe-gpus", action="store_true",
                    help="allow several ranks per GPU (for testing)")
@@ -43,23 +59,66 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default="auto", choices=["auto", "off"],
                    help="auto: compute each group of bit-identical live rows once (exact: "
                         "same categories and features); off: compute every live row")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_quiet(p)
 
 
-def progress_printer(n_ranks: int):
-    """Progress lines for rank 0 (its own rows when there are several ranks)."""
+def progress_printer(n_ranks: int, emit):
+    """The engine's progress callback for rank 0 (its own rows when there are several ranks)."""
+    from spdnn_mpi.progress import Progress
+
     whose = " on rank 0" if n_ranks > 1 else ""
+    state: dict = {}
 
     def show(done: int, total: int, live: int, seconds: float) -> None:
-        rate = done / seconds if seconds > 0 else 0.0
-        print(f"  layer {done}/{total}  live rows{whose} {live}  {seconds:.1f} s  "
-              f"({rate:.1f} layers/s)", file=sys.stderr, flush=True)
+        bar = state.get(total)
+        if bar is None:  # the engine limits the rate; print every call it makes
+            bar = state[total] = Progress("inference", total, emit, every=0.0)
+        bar(done, f"live rows{whose} {live}", elapsed=seconds)
 
     return show
 
 
+def sample_layers(n_layers: int) -> list[int]:
+    """A few layer counts to show live rows at: 1, 2, 4, 8, ... and the last."""
+    out, k = [], 1
+    while k < n_layers:
+        out.append(k)
+        k *= 2
+    return out + [n_layers] if n_layers >= 1 else []
+
+
+def rank_line(per_rank: list[dict]) -> str:
+    """Each rank's inference time (up to 8 ranks), else min / median / max and the slowest."""
+    times = [r["inference_seconds"] for r in per_rank]
+    hosts = len({r["host"] for r in per_rank})
+    if len(per_rank) <= 8:
+        body = ", ".join(f"{r['rank']}: {r['inference_seconds']:.4f} s ({r['images']} images)"
+                         for r in per_rank)
+    else:
+        slowest = max(per_rank, key=lambda r: r["inference_seconds"])
+        body = (f"min {min(times):.4f} s, median {statistics.median(times):.4f} s, "
+                f"max {max(times):.4f} s (rank {slowest['rank']})")
+    return f"per rank    {body}; {hosts} host(s)"
+
+
+def machine_line(report: dict) -> str:
+    m = report.get("machine", {})
+    device = ""
+    backends = [r.get("backend", {}) for r in report.get("per_rank", [])]
+    devices = sorted({b["device"] for b in backends if isinstance(b, dict) and b.get("device")})
+    if devices:
+        device = f", {', '.join(devices)}"
+    threads = [b.get("threads") for b in backends if isinstance(b, dict) and b.get("threads")]
+    thread_note = f", {threads[0]} thread(s) per rank" if threads else ""
+    return (f"machine     {m.get('hostname', '?')}: {m.get('cpu', '?')}, "
+            f"{m.get('cpu_count', '?')} cores{thread_note}{device}, Python {m.get('python', '?')}")
+
+
 def summary_lines(report: dict) -> list[str]:
     """The human summary printed by rank 0."""
+    from spdnn_mpi.memory import format_bytes
+
+    live = report.get("live_rows_per_layer") or []
     lines = [
         f"network     {report['neurons']} neurons x {report['n_layers']} layers, "
         f"{report['n_images']} images",
@@ -70,11 +129,18 @@ def summary_lines(report: dict) -> list[str]:
         f"{report['input_seconds']:.3f} s (inputs to device)",
         f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
         f"imbalance {report['imbalance']:.3f}",
+    ]
+    if report["ranks"] > 1 and report.get("per_rank"):
+        lines.append(rank_line(report["per_rank"]))
+    lines += [
         f"rate        {report['teraedges_per_second']:.3f} TeraEdges/s nominal "
         f"(challenge: all images x all edges / time), "
         f"{report['computed_teraedges_per_second']:.3f} computed (edges multiplied)",
         compression_line(report),
     ]
+    if live:
+        shown = ", ".join(f"{k}: {live[k - 1]}" for k in sample_layers(len(live)))
+        lines.append(f"live rows   after layer {shown}")
     if report.get("readout") == "argmax":
         lines.append(f"predictions one class per image for {report['n_images']} images")
         if "accuracy" in report:
@@ -84,6 +150,11 @@ def summary_lines(report: dict) -> list[str]:
     else:
         lines.append(f"categories  {report['categories_count']} images alive after layer "
                      f"{report['n_layers']}")
+    if "peak_host_bytes" in report:
+        lines.append(f"memory      peak host {format_bytes(report['peak_host_bytes'])} "
+                     f"({'largest rank' if report['ranks'] > 1 else 'this process'})")
+    if report.get("machine"):
+        lines.append(machine_line(report))
     check = report.get("check")
     if check is not None and "differ_count" in check:
         if check["passed"]:
@@ -124,16 +195,18 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
     from spdnn_mpi.driver import RunOptions, compare_categories, distributed_infer
     from spdnn_mpi.formats.tsv_write import write_categories
+    from spdnn_mpi.progress import stderr_lines
     from spdnn_mpi.report import write_json
 
     world = mpi.world()
     rank = world.Get_rank()
+    emit = None if args.quiet or rank != 0 else stderr_lines("spdnn infer")
     opts = RunOptions(
         store=args.store, layers=args.layers, backend=args.backend, partition=args.partition,
         batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
         weights_load=args.weights_load, compress=args.compress,
-        progress=None if args.quiet else progress_printer(world.Get_size()),
-        check=args.check, out=args.out, json=args.json,
+        progress=None if args.quiet else progress_printer(world.Get_size(), emit),
+        check=args.check, out=args.out, json=args.json, emit=emit,
     )
     if rank == 0 and not args.quiet:
         print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)

@@ -10,10 +10,16 @@ import argparse
 import json
 from pathlib import Path
 
+EXAMPLES = """\
+examples:
+  spdnn info store.h5
+  spdnn info store.h5 --json > store.json
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", type=Path, help="store file written by prepare or generate")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
 def describe(path: str | Path) -> dict:

@@ -20,30 +20,6 @@ from pathlib import Path
 DEFAULT_CLIP = 32.0
 
 
-class _Progress:
-    """Layer progress on stderr, at most about once a second."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total = total
-        self.enabled = enabled
-        self.start = time.perf_counter()
-        self.last = self.start
-        self.edges = 0
-
-    def layer_done(self, k: int, nnz: int) -> None:
-        self.edges += nnz
-        now = time.perf_counter()
-        if self.enabled and (now - self.last >= 1.0 or k == self.total):
-            dt = max(now - self.start, 1e-9)
-            print(
-                f"spdnn prepare: layer {k}/{self.total}  {k / dt:.1f} layers/s  "
-                f"{self.edges / dt / 1e6:.1f} M edges/s",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.last = now
-
-
 def _log(enabled: bool, message: str) -> None:
     if enabled:
         print(f"spdnn prepare: {message}", file=sys.stderr, flush=True)
@@ -79,6 +55,7 @@ def prepare_store(
     from spdnn_mpi.formats.store import StoreWriter
     from spdnn_mpi.model import challenge_bias
     from spdnn_mpi.outputs import check_output
+    from spdnn_mpi.progress import Progress, stderr_lines
 
     weights = Path(weights)
     out = Path(out)
@@ -111,12 +88,22 @@ def prepare_store(
 
     if generate_inputs and inputs is not None:
         raise SpdnnError("give either --inputs FILE or --generate-inputs, not both")
+    if generate_inputs and categories:
+        files = ", ".join(str(v) for _, v in sorted(categories.items()))
+        raise SpdnnError(
+            f"--categories {files}: truth files belong to the official inputs, and "
+            "--generate-inputs makes different images, so that truth would not match; "
+            "compute truth for the generated inputs with --truth-layers L instead"
+        )
     truth_layers = sorted(set(truth_layers or []))
     bad = [t for t in truth_layers if not 1 <= t <= n_layers]
     if bad:
         raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
     if truth_layers and inputs is None and not generate_inputs:
         raise SpdnnError("--truth-layers needs inputs: --inputs FILE or --generate-inputs")
+    if truth_layers and truth_backend == "none":
+        raise SpdnnError("--truth-backend none computes no truth; drop --truth-layers or "
+                         "choose reference or cpu")
 
     t0 = time.perf_counter()
     truth = {}
@@ -142,6 +129,13 @@ def prepare_store(
 
         rows = digit_images(neurons, 60000 if n_images is None else n_images)
         _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
+    if truth_layers:  # before the layers are read, not after
+        from spdnn_mpi.generators.challenge import kept_layer_bytes
+        from spdnn_mpi.truth import check_truth_memory, resolve_truth_backend
+
+        name, fn = resolve_truth_backend(truth_backend)
+        check_truth_memory(name, fn, rows.n_rows, neurons,
+                           extra=max(truth_layers) * kept_layer_bytes(neurons))
     provenance = {
         "tool": "spdnn prepare",
         "spdnn_mpi_version": __version__,
@@ -171,12 +165,15 @@ def prepare_store(
                 rows = None  # free before the layers
         for n_l, ids in sorted(truth.items()):
             writer.add_truth(n_l, ids, f"official categories file {Path(categories[n_l]).name}")
-        bar = _Progress(n_layers, progress)
+        bar = Progress("", n_layers, stderr_lines("spdnn prepare") if progress else None,
+                       every=1.0)
+        edges = 0
         for k, layer in enumerate(
             tsv_tree.iter_layers(weights, neurons, n_layers, bias=bias, clip=clip), start=1
         ):
             writer.add_layer(layer)
-            bar.layer_done(k, layer.nnz)
+            edges += layer.nnz
+            bar(k, f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s")
             if truth_layers:
                 kept.append(layer)
         if truth_layers:
@@ -202,11 +199,13 @@ def _check_numbers(bias: float | None, clip: float | None, n_images: int | None)
 
 def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:
     """Compute and store the categories after each of ``truth_layers`` layers."""
+    from spdnn_mpi.progress import stderr_lines
     from spdnn_mpi.truth import resolve_truth_backend, truth_by_count
 
     name, fn = resolve_truth_backend(backend)
     t0 = time.perf_counter()
-    for n_l, ids in truth_by_count(fn, layers, rows, truth_layers):
+    emit = stderr_lines("spdnn prepare") if progress else None
+    for n_l, ids in truth_by_count(fn, layers, rows, truth_layers, emit, name):
         writer.add_truth(n_l, ids, name)
         _log(progress, f"truth after {n_l} layers ({name}): {len(ids)} of {rows.n_rows} "
                        f"images survive, {time.perf_counter() - t0:.1f} s")
