@@ -144,7 +144,7 @@ try:
         if not 1 <= n <= s.n_layers:
             raise SpdnnError(f"{path}: {n} layers asked for, the store has {s.n_layers}")
         if not s.has_inputs:
-            raise SpdnnError(f"{path}: the store has no inputs")
+            s.n_images  # raises StoreError: no inputs, and how to add them
         print(n, s.n_images, int(s.truth(n) is not None))
 except SpdnnError as exc:
     print(exc)

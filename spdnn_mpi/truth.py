@@ -84,7 +84,7 @@ def truth_by_count(truth_fn: TruthFn, layers: list, rows, counts: Sequence[int],
         return
     if not counts:
         return
-    takes_progress = "progress" in inspect.signature(truth_fn).parameters
+    takes_progress = emit is not None and "progress" in inspect.signature(truth_fn).parameters
     for n in counts:
         progress = Progress(what, n, emit)
         if takes_progress:

@@ -41,6 +41,12 @@ def test_bench_store_with_graphblas_peer_and_simulated_ranks(tiny_store, tmp_pat
         sim = mode["ranks_sim"]
         assert len(sim["seconds"]) == 3 and sim["imbalance"] >= 1.0
         assert [s["ranks"] for s in mode["ranks_sim_all"]] == [3, 2]
+        assert mode["seconds_min"] == min(mode["seconds_all"])
+        assert mode["seconds_max"] == max(mode["seconds_all"])
+        assert mode["seconds_min"] <= mode["seconds"] <= mode["seconds_max"]
+    assert "runs_s" in table and f"{auto['seconds_min']:.3f}-{auto['seconds_max']:.3f}" in table
+    whole = json.loads(out.read_text())
+    assert whole["peak_host_bytes"] >= res["peak_host_bytes"] > 10_000_000
 
 
 def test_bench_one_mode_only(tiny_store, tmp_path, capsys):
@@ -48,6 +54,13 @@ def test_bench_one_mode_only(tiny_store, tmp_path, capsys):
     assert main(["bench", str(tiny_store), "--backend", "cpu", "--compress", "off",
                  "--repeat", "1", "--json", str(out), "--quiet"]) == 0
     assert list(json.loads(out.read_text())["results"][0]["modes"]) == ["off"]
+
+
+def test_bench_peer_shows_progress_unless_quiet(tiny_store, capsys):
+    assert main(["bench", str(tiny_store), "--backend", "cpu", "--peer", "graphblas",
+                 "--repeat", "1", "--compress", "off"]) == 0
+    err = capsys.readouterr().err
+    assert "peer graphblas: layer 12/12" in err and "layers/s" in err
 
 
 def test_graphblas_peer_matches_truth(tiny_store):

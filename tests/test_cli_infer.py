@@ -106,3 +106,53 @@ def test_python_dash_m_entry_point(small_store):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "check       PASSED" in proc.stdout and "layer" in proc.stderr
+
+
+def test_text_report_has_live_rows_memory_and_machine(small_store, capsys):
+    """The README says the text report gives live rows per layer, memory and the machine."""
+    path, _, _ = small_store
+    assert main(["infer", str(path), "--backend", "cpu", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    live = next(line for line in out.splitlines() if line.startswith("live rows"))
+    assert "after layer 1:" in live and "2:" in live and "4:" in live
+    assert "memory      peak host" in out
+    machine = next(line for line in out.splitlines() if line.startswith("machine"))
+    assert "cores" in machine and "Python" in machine
+    assert "per rank    " not in out  # one rank: no per-rank line
+
+
+def test_report_json_has_peak_host_memory(small_store, tmp_path):
+    path, _, _ = small_store
+    rep = tmp_path / "r.json"
+    assert main(["infer", str(path), "--backend", "cpu", "--quiet", "--json", str(rep)]) == 0
+    report = json.loads(rep.read_text())
+    assert report["peak_host_bytes"] > 10_000_000
+    assert report["per_rank"][0]["peak_host_bytes"] == report["peak_host_bytes"]
+    assert "peak_children_bytes" in report
+
+
+def test_summary_lists_ranks_compactly():
+    from spdnn_mpi.commands.infer import rank_line, sample_layers
+
+    assert sample_layers(120) == [1, 2, 4, 8, 16, 32, 64, 120]
+    assert sample_layers(1) == [1]
+    ranks = [{"rank": r, "host": f"n{r // 4}", "images": 10, "inference_seconds": 1.0 + r}
+             for r in range(3)]
+    assert rank_line(ranks) == ("per rank    0: 1.0000 s (10 images), 1: 2.0000 s (10 images), "
+                                "2: 3.0000 s (10 images); 1 host(s)")
+    many = [dict(r, rank=k, inference_seconds=float(k)) for k, r in enumerate(ranks * 4)]
+    line = rank_line(many)
+    assert "min 0.0000 s" in line and "max 11.0000 s (rank 11)" in line
+
+
+@pytest.mark.parametrize("command", [
+    ["infer", "{store}", "--backend", "cuda", "--quiet"],
+    ["bench", "{store}", "--backend", "cuda", "--quiet"],
+])
+def test_cuda_without_cupy_gives_the_install_hint(small_store, monkeypatch, capsys, command):
+    path, _, _ = small_store
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy fails, as without CuPy
+    assert main([c.format(store=path) for c in command]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'spdnn_mpi[cuda]'" in err, err
+    assert "ModuleNotFoundError" not in err and "Traceback" not in err

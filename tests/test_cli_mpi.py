@@ -67,9 +67,34 @@ def test_one_rank_with_a_bad_path_stops_everyone_quickly(tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
-    assert "rank 2 of 3" in proc.stderr and "missing.h5" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr  # one message, not one per rank
+    assert "rank 2 of 3" in errors[0] and "missing.h5" in errors[0]
     assert not (tmp_path / "c.tsv").exists()
     assert elapsed < 60
+
+
+@pytest.mark.parametrize("bad", [[0], [0, 1, 2]], ids=["rank0", "every-rank"])
+def test_failure_is_printed_once_by_the_first_failing_rank(tmp_path, bad):
+    """Before: every rank printed the same line labelled 'rank 0 of 3'."""
+    mpiexec = _mpiexec()
+    write_store(tmp_path / "good.h5")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "spdnn_mpi", "infer", "--backend", "cpu", "--threads", "1",
+           "--quiet"]
+    argv = [mpiexec]
+    for rank in range(3):
+        store = tmp_path / ("missing.h5" if rank in bad else "good.h5")
+        argv += [*([":"] if rank else []), "-n", "1", *cmd, str(store)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("spdnn infer: error: rank 0 of 3: ")
+    if len(bad) == 3:
+        assert "(also failed: rank(s) 1, 2, same error)" in errors[0]
+    else:
+        assert "also failed" not in errors[0]
 
 
 def test_check_failure_gives_nonzero_exit_on_every_rank(tmp_path):

@@ -232,6 +232,19 @@ def _argument(*argv: str, fragment: str):
     return case
 
 
+def _truth_for_other_inputs(tree):
+    """Official truth with generated inputs: accepted silently before, and --check then
+    failed with 1711 missing and 2755 extra on the real network."""
+    path = tree["root"] / f"neuron{N}-l2-categories.tsv"
+    return ["--generate-inputs", "--categories", str(path)], (
+        "truth files belong to the official inputs", "--truth-layers")
+
+
+def _truth_layers_with_no_truth_backend(tree):
+    return ["--generate-inputs", "--truth-layers", "2", "--truth-backend", "none"], (
+        "--truth-backend none computes no truth")
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -248,6 +261,8 @@ def _argument(*argv: str, fragment: str):
         _gap_without_layers,
         _cut_last_value,
         _stray_image_id,
+        _truth_for_other_inputs,
+        _truth_layers_with_no_truth_backend,
         _bad_layer_line,
         _zero_based,
         _duplicate,
@@ -317,3 +332,12 @@ def test_prepare_real_network_with_generated_inputs_and_truth(tmp_path):
     assert main(["prepare", "--weights", str(weights), "--layers", "8", "--generate-inputs",
                  "--truth-layers", "9", "--out", str(tmp_path / "bad.h5"), "--quiet"]) == 2
     assert not (tmp_path / "bad.h5").exists()
+
+
+def test_store_without_inputs_says_how_to_add_them(tree, tmp_path, capsys):
+    out = tmp_path / "weights-only.h5"
+    assert main(["prepare", "--weights", str(tree["weights"]), "--out", str(out), "--quiet"]) == 0
+    assert main(["infer", str(out), "--quiet", "--backend", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "store has no inputs" in err
+    assert "--inputs sparse-images-N.tsv" in err and "--generate-inputs" in err

@@ -427,6 +427,32 @@ def test_sbatch_script_outside_slurm_says_so(small_store):
     res = run_script(SBATCH_INFER, clean_env(SPDNN_STORE=str(small_store)))
     assert res.returncode == 2
     assert "not inside a Slurm job" in res.stderr and "jobs/local.sh" in res.stderr
+    assert_both_submit_forms(res.stderr)
+
+
+def assert_both_submit_forms(text: str) -> None:
+    """The GPU form and the CPU form (a cluster without GPUs rejects the first one)."""
+    text = " ".join(text.replace("\\\n", " ").split())
+    assert "sbatch --export=ALL,SPDNN_STORE=/path/to/store.h5 jobs/slurm_infer.sbatch" in text
+    assert ("sbatch --gpus-per-task=0 --export=ALL,SPDNN_STORE=/path/to/store.h5,"
+            "SPDNN_BACKEND=cpu jobs/slurm_infer.sbatch") in text
+    assert "Invalid generic resource (gres) specification" in text
+
+
+def test_sbatch_script_without_store_shows_both_submit_forms():
+    res = run_script(SBATCH_INFER, clean_env())
+    assert res.returncode == 2
+    assert_both_submit_forms(res.stderr)
+
+
+def test_cuda_backend_in_a_job_without_gpus_says_which_form(small_store):
+    env = clean_env(SPDNN_STORE=str(small_store), SPDNN_BACKEND="cuda", SLURM_JOB_ID="7")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = run_script(SBATCH_INFER, env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "SPDNN_BACKEND=cuda but job 7 holds no GPUs" in res.stderr
+    assert_both_submit_forms(res.stderr)
+    assert "running:" not in res.stdout
 
 
 def test_local_sh_bad_rank_count(small_store):

@@ -187,14 +187,20 @@ class CpuBackend:
         }
 
 
-def cpu_categories(network, rows: SparseRows) -> np.ndarray:
+def cpu_categories(network, rows: SparseRows, progress=None) -> np.ndarray:
     """Sorted 1-based surviving ids computed by this backend (a fast truth source).
 
     The backend is tested against the plain reference; use this where the
-    reference would take too long (large N x L).
+    reference would take too long (large N x L). ``progress(layers done,
+    detail)`` gets the engine's progress (a ``progress.Progress``).
     """
     from spdnn_mpi.engine import run_inference
 
+    def engine_progress(done: int, _total: int, live: int, _seconds: float) -> None:
+        progress(done, f"{live} rows live")
+
     backend = CpuBackend()
     backend.load_network(network.layers)
-    return run_inference(network, rows, backend).categories()
+    return run_inference(network, rows, backend,
+                         progress=engine_progress if progress is not None else None,
+                         progress_every=0.0).categories()

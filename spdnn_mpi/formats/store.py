@@ -232,7 +232,12 @@ class Store:
     def _inputs_group(self) -> h5py.Group:
         group = self._file.get("inputs")
         if not isinstance(group, h5py.Group):
-            raise StoreError(f"{self.path}: store has no inputs")
+            raise StoreError(
+                f"{self.path}: store has no inputs (it was prepared from the weights alone); "
+                "build it again with inputs: spdnn prepare --weights DIR "
+                "--inputs sparse-images-N.tsv (the official images) or --generate-inputs "
+                "(MNIST-derived ones), or use spdnn generate"
+            )
         return group
 
     @property

@@ -11,6 +11,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from spdnn_mpi import jitcache
+
+jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
+
 # Error codes the kernel reports in err[0].
 E_COLUMNS, E_NOT_INT, E_NOT_NUM, E_ID_LOW, E_ID_HIGH, E_BLANK, E_RANGE = range(1, 8)
 _POW10 = np.array([10.0**k for k in range(23)])
