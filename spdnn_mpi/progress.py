@@ -39,9 +39,11 @@ def format_seconds(seconds: float) -> str:
 class Progress:
     """Rate-limited lines like ``truth (reference): layer 40/120, 12.3 layers/s, 3.2 s, ...``.
 
-    ``emit`` None makes every call a no-op (quiet). Time left is the time
-    spent so far scaled to the steps that remain: an upper bound for phases
-    whose steps get cheaper (layers after rows die), close for even ones.
+    ``emit`` None makes every call a no-op (quiet). Time left is the steps
+    that remain at the rate since the previous line (at the mean rate for the
+    first line): layers get cheaper as rows die, so the recent rate predicts
+    the rest far better than the mean does (reference truth at layer 22 of
+    120: 42 s left by the mean, 11 s by the recent rate, 3.4 s in fact).
     """
 
     def __init__(self, what: str, total: int, emit: Emit | None, *, unit: str = "layer",
@@ -54,6 +56,7 @@ class Progress:
         self.clock = clock
         self.start = clock()
         self._next = self.start + every
+        self._last: tuple[int, float] | None = None  # (done, elapsed) at the previous line
 
     @property
     def enabled(self) -> bool:
@@ -67,10 +70,14 @@ class Progress:
         if done < self.total and now < self._next:
             return
         self._next = now + self.every
-        self.emit(self.line(done, now - self.start if elapsed is None else elapsed, detail))
+        elapsed = now - self.start if elapsed is None else elapsed
+        self.emit(self.line(done, elapsed, detail, self._last))
+        self._last = (done, elapsed)
 
-    def line(self, done: int, elapsed: float, detail: str = "") -> str:
-        """The text of one progress line (no prefix)."""
+    def line(self, done: int, elapsed: float, detail: str = "",
+             previous: tuple[int, float] | None = None) -> str:
+        """The text of one progress line (no prefix); ``previous``: (done, elapsed)
+        at the line before, for the recent rate behind the time left."""
         head = f"{self.what}: " if self.what else ""
         parts = [f"{head}{self.unit} {done}/{self.total}"]
         if detail:
@@ -78,8 +85,12 @@ class Progress:
         if elapsed > 0 and done > 0:
             parts.append(f"{done / elapsed:.1f} {self.unit}s/s")
         parts.append(format_seconds(elapsed))
-        if 0 < done < self.total and elapsed > 0:
-            parts.append(f"about {format_seconds(elapsed * (self.total - done) / done)} left")
+        steps, seconds = done, elapsed
+        if previous is not None and done > previous[0] and elapsed > previous[1]:
+            steps, seconds = done - previous[0], elapsed - previous[1]
+        if 0 < done < self.total and seconds > 0:
+            left = seconds * (self.total - done) / steps
+            parts.append(f"about {format_seconds(left)} left")
         return ", ".join(parts)
 
     def note(self, text: str) -> None:

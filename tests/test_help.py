@@ -162,3 +162,17 @@ def test_readme_and_docs_commands_parse():
     assert len(commands) >= 10
     for command in commands:
         _parses(command)
+
+
+def test_readme_recipes_work_with_what_ships():
+    """The README's prepare recipe needs only the shipped weights; sbatch has both forms."""
+    text = (REPO / "README.md").read_text()
+    blocks = "\n".join(re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.S))
+    prepares = [c for c in spdnn_commands(blocks) if c.startswith("spdnn prepare")]
+    shipped = [c for c in prepares if "--generate-inputs" in c and "--truth-layers" in c]
+    assert shipped and all("--categories" not in c for c in shipped)
+    assert any("--inputs" in c and "--categories" in c for c in prepares)  # official files
+    sbatch = [line for line in blocks.splitlines() if line.startswith("sbatch ")]
+    assert any("--gpus-per-task=0" in line and "SPDNN_BACKEND=cpu" in line for line in sbatch)
+    assert any("--gpus-per-task" not in line for line in sbatch)
+    assert "Invalid generic resource (gres) specification" in text

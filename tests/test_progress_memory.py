@@ -34,9 +34,11 @@ def test_progress_lines_rate_limited_with_rate_and_time_left():
     clock.now += 0.5
     bar(40)  # within 2 s of the last line
     assert len(lines) == 1
-    clock.now += 0.5
+    clock.now += 2.0
+    bar(110)  # time left from the recent rate: 80 layers in 2.5 s
+    assert lines[-1].endswith("22.0 layers/s, 5.0 s, about 0.3 s left")
     bar(120)  # the end is always printed, with no time left
-    assert lines[-1] == "truth (reference): layer 120/120, 34.3 layers/s, 3.5 s"
+    assert lines[-1] == "truth (reference): layer 120/120, 24.0 layers/s, 5.0 s"
 
 
 def test_progress_quiet_prints_nothing():

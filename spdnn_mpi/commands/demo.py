@@ -24,7 +24,8 @@ examples:
   spdnn demo --images 6000 --quiet
   spdnn demo --model 95           # a shipped pruned MNIST classifier instead
 
-memory: about 1 GB the first time (generation and reference truth), 0.7 GB cached.
+memory (measured): 0.9 GB the first time (generation and reference truth), 0.7 GB
+cached.
 """
 
 

@@ -18,8 +18,9 @@ examples:
   spdnn generate --neurons 4096 --layers 1920 --truth-layers 120,480 --out n4096.h5
   spdnn generate --neurons 1024 --layers 120 --tsv --out tsv/   # official TSV layout
 
-memory: the reference truth holds about 12 B x images x N (3.0 GB at N = 4096,
-60000 images; 12 GB at 16384); --truth-backend cpu batches to fit.
+memory: the reference truth holds about 12 B x images x N (3.1 GB measured at
+N = 4096 with 60000 images; 12 GB needed at 16384), refused at once when it cannot
+fit; --truth-backend cpu batches to fit.
 """
 
 
