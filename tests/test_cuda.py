@@ -311,3 +311,22 @@ def test_gpu_peers_agree_with_reference(peer):
         pytest.skip(str(exc))
     ref_ids, _ = reference_infer(net, rows)
     assert np.array_equal(ids, ref_ids) and seconds > 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_layout_build_reports_progress_per_layer():
+    """The CUDA layout build (seconds at N = 65536 x 1920) tells a Progress how far it is."""
+    from spdnn_mpi.progress import Progress
+
+    rng = np.random.default_rng(12)
+    network = _random_network(rng, [96] * 7)
+    lines, done = [], []
+    bar = Progress("layout", network.n_layers, lines.append, every=0.0)
+    backend = _backend()
+    backend.load_network(network.layers, progress=lambda k: (done.append(k), bar(k)))
+    assert done == list(range(1, network.n_layers + 1))
+    assert lines[-1].startswith(f"layout: layer {network.n_layers}/{network.n_layers}")
+    rows = _random_rows(rng, 50, 96, 0.2)
+    res = run_inference(network, rows, backend)
+    np.testing.assert_array_equal(res.alive_ids, reference_infer(network, rows)[0])
