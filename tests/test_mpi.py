@@ -84,8 +84,12 @@ def test_one_failing_rank_stops_every_rank(comm, tmp_path_factory):
     path, _ = make_store(comm, tmp_path_factory, 50)
     bad_rank = comm.Get_size() - 1
     mine = "/nonexistent/store.h5" if comm.Get_rank() == bad_rank else path
-    with pytest.raises(SpdnnError, match=f"rank {bad_rank} of {comm.Get_size()}"):
+    # one process: the plain message; several: prefixed with the failing rank's number
+    where = f"rank {bad_rank} of {comm.Get_size()}: " if comm.Get_size() > 1 else ""
+    with pytest.raises(SpdnnError, match=f"^{where}.*nonexistent") as exc:
         distributed_infer(comm, RunOptions(store=mine, backend="cpu", threads=1))
+    assert exc.value.rank == bad_rank
+    assert exc.value.print_here == (comm.Get_rank() == bad_rank)  # printed once, there
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
