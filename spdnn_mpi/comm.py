@@ -126,9 +126,10 @@ def check_agreement(comm, facts: dict[str, tuple[str, str]]) -> None:
         for name in sorted(set(first) | set(theirs)):
             a, b = first.get(name, (None, "nothing")), theirs.get(name, (None, "nothing"))
             if a[0] != b[0]:
-                raise SpdnnError(
+                raise RankFailure(  # every rank stops; rank 0 prints it, once
                     f"ranks disagree on {name}: rank 0 has {a[1]}, rank {rank} has {b[1]}; "
-                    "every rank of one run needs the same store and options"
+                    "every rank of one run needs the same store and options",
+                    rank, comm.Get_rank() == 0,
                 )
 
 

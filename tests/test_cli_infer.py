@@ -111,7 +111,7 @@ def test_python_dash_m_entry_point(small_store):
 def test_text_report_has_live_rows_memory_and_machine(small_store, capsys):
     """The README says the text report gives live rows per layer, memory and the machine."""
     path, _, _ = small_store
-    assert main(["infer", str(path), "--backend", "cpu", "--quiet"]) == 0
+    assert main(["infer", str(path), "--backend", "cpu", "--quiet", "--compress", "off"]) == 0
     out = capsys.readouterr().out
     live = next(line for line in out.splitlines() if line.startswith("live rows"))
     assert "after layer 1:" in live and "2:" in live and "4:" in live
@@ -119,6 +119,8 @@ def test_text_report_has_live_rows_memory_and_machine(small_store, capsys):
     machine = next(line for line in out.splitlines() if line.startswith("machine"))
     assert "cores" in machine and "Python" in machine
     assert "per rank    " not in out  # one rank: no per-rank line
+    assert main(["infer", str(path), "--backend", "cpu", "--quiet"]) == 0  # compress auto
+    assert "rows        computed (representatives) after layer 1:" in capsys.readouterr().out
 
 
 def test_report_json_has_peak_host_memory(small_store, tmp_path):

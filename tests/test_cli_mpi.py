@@ -137,6 +137,7 @@ def test_ranks_that_disagree_stop_quickly(tmp_path, what):
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+    assert proc.stderr.count("error:") == 1, proc.stderr  # printed once, by rank 0
     assert "Traceback" not in proc.stderr and not (tmp_path / "c.tsv").exists()
     assert elapsed < 60
 

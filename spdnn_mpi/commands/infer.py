@@ -62,9 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quiet(p)
 
 
-def progress_printer(n_ranks: int, emit):
+def progress_printer(n_ranks: int):
     """The engine's progress callback for rank 0 (its own rows when there are several ranks)."""
-    from spdnn_mpi.progress import Progress
+    from spdnn_mpi.progress import Progress, stderr_lines
+
+    emit = stderr_lines("spdnn infer")
 
     whose = " on rank 0" if n_ranks > 1 else ""
     state: dict = {}
@@ -140,7 +142,10 @@ def summary_lines(report: dict) -> list[str]:
     ]
     if live:
         shown = ", ".join(f"{k}: {live[k - 1]}" for k in sample_layers(len(live)))
-        lines.append(f"live rows   after layer {shown}")
+        if report.get("compress", "off") == "off":
+            lines.append(f"live rows   after layer {shown}")
+        else:  # with compression the backend computes representative rows only
+            lines.append(f"rows        computed (representatives) after layer {shown}")
     if report.get("readout") == "argmax":
         lines.append(f"predictions one class per image for {report['n_images']} images")
         if "accuracy" in report:
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         store=args.store, layers=args.layers, backend=args.backend, partition=args.partition,
         batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
         weights_load=args.weights_load, compress=args.compress,
-        progress=None if args.quiet else progress_printer(world.Get_size(), emit),
+        progress=None if args.quiet else progress_printer(world.Get_size()),
         check=args.check, out=args.out, json=args.json, emit=emit,
     )
     if rank == 0 and not args.quiet:
