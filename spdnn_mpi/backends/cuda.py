@@ -159,11 +159,7 @@ class CudaBackend:
 
     # -- network -------------------------------------------------------------
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
-        """Upload weights in each layer's kernel layout and compile the kernels.
-
-        ``progress(layers done)`` is called after each layer's upload (it prints
-        at most every few seconds: a ``progress.Progress``).
-        """
+        """Upload each layer's kernel layout (``progress(layers done)`` after each); compile."""
         cp = self._cp
         t0 = time.perf_counter()
         smem_limit = self._smem_optin - 1024
