@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spdnn_mpi.cli import SUBCOMMANDS, build_parser, main
+from spdnn_mpi.cli import COMMAND_MODULES, SUBCOMMANDS, build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,7 +120,8 @@ def spdnn_commands(text: str) -> list[str]:
     out = []
     for line in joined.splitlines():
         line = line.split("#", 1)[0].strip()
-        m = re.search(r"(?:^|\s)(spdnn (?:generate|prepare|info|infer|bench|demo)(?=\s|$).*)", line)
+        m = re.search(r"(?:^|\s)(spdnn (?:generate|prepare|import|info|infer|bench|demo)"
+                      r"(?=\s|$).*)", line)
         if m and not line.startswith("|"):
             out.append(m.group(1).strip().rstrip("`"))
     return out
@@ -143,7 +144,8 @@ def _parses(command: str) -> None:
 def test_help_examples_parse():
     commands = []
     for name in SUBCOMMANDS:
-        module = __import__(f"spdnn_mpi.commands.{name}", fromlist=["EXAMPLES"])
+        module = __import__(f"spdnn_mpi.commands.{COMMAND_MODULES.get(name, name)}",
+                            fromlist=["EXAMPLES"])
         commands += spdnn_commands(module.EXAMPLES)
     assert len(commands) >= 2 * len(SUBCOMMANDS) - 1
     for command in commands:

@@ -15,14 +15,22 @@ import argparse
 import json
 from pathlib import Path
 
+EXAMPLES = """\
+examples:
+  spdnn import model.onnx --out model.h5 --inputs x_test.npy --labels y_test.npy
+  spdnn import mlp.safetensors --out mlp.h5 --layer-order fc1,fc2,fc3 --inputs x.npy
+  spdnn infer model.h5 --check    # predictions against the stored reference, and accuracy
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="ONNX (.onnx, .onnx.gz) or safetensors file")
     p.add_argument("--out", required=True, type=Path, metavar="STORE", help="store to write")
-    p.add_argument("--inputs", type=Path, default=None, metavar="X.npy",
-                   help="input images, float32 .npy of shape (images, features)")
-    p.add_argument("--labels", type=Path, default=None, metavar="y.npy",
-                   help="true classes, integer .npy with one entry per image (needs --inputs)")
+    p.add_argument("--inputs", type=Path, default=None, metavar="FILE",
+                   help="input images, a float32 .npy file of shape (images, features)")
+    p.add_argument("--labels", type=Path, default=None, metavar="FILE",
+                   help="true classes, an integer .npy file with one entry per image "
+                        "(needs --inputs)")
     p.add_argument("--layer-order", default=None, metavar="NAME,NAME,...",
                    help="safetensors: the layers' tensor prefixes in order (default: file order)")
     p.add_argument("--activations", default=None, metavar="ACT,ACT,...",
