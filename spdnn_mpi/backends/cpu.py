@@ -105,9 +105,12 @@ class CpuBackend:
 
     def _run_layer(self, k: int, drop_dead: bool) -> None:
         indptr, indices, vals, uniform, bias, floor, clip, n_out = self._layers[k]
-        kernel = self._k.layer_tiles if self._n_tiles > 1 else self._k.layer_tiles_serial
-        kernel(self._cur, self._spare, self._n_tiles, indptr, indices, vals, uniform, bias, floor,
-               clip, self._alive)
+        if self._n_tiles > 1:
+            self._k.layer_tiles(self._cur, self._spare, self._n_tiles, indptr, indices, vals,
+                                uniform, bias, floor, clip, self._alive)
+        else:  # one tile: only the rows held, on this thread
+            self._k.layer_rows(self._cur, self._spare, self._n_active, indptr, indices, vals,
+                               uniform, bias, floor, clip, self._alive)
         self._cur, self._spare = self._spare, self._cur
         self._cur_width = n_out
         alive = self._alive[: self._n_active]
