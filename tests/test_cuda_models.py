@@ -8,26 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import random_inputs, random_network
+from test_cuda import CUDA_OK, CUDA_WHY
 
-from spdnn_mpi.backends import cuda_available
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.readout import classes_of_rows
 from spdnn_mpi.reference import reference_infer, reference_predictions
 
-
-def _cuda_status() -> tuple[bool, str]:
-    from spdnn_mpi.backends.cuda import import_cupy
-    from spdnn_mpi.errors import SpdnnError
-
-    try:
-        import_cupy()
-    except SpdnnError as exc:
-        return False, str(exc)
-    return cuda_available()
-
-
-CUDA_OK, CUDA_WHY = _cuda_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
 
 

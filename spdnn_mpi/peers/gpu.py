@@ -92,22 +92,13 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
 
 def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, float]:
     """Inference through torch.sparse CSR (cuSPARSE underneath), dead rows dropped per layer."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise SpdnnError(f"peer torch needs PyTorch ({exc.name} missing)") from None
-    if not torch.cuda.is_available():
-        raise SpdnnError("peer torch: PyTorch sees no CUDA device")
-    dev = torch.device("cuda", torch.cuda.current_device())
+    from spdnn_mpi.peers.torch_dense import torch_csr_t, torch_device
+
+    torch, dev = torch_device("torch")
     drop = droppable_after(network)
     mats = []
     for layer in network.layers:
-        wt = torch.sparse_csr_tensor(
-            torch.as_tensor(np.asarray(layer.indptr, dtype=np.int64)),
-            torch.as_tensor(layer.indices.astype(np.int64)),
-            torch.as_tensor(layer.weight_values()),
-            size=(layer.n_out, layer.n_in), device=dev,
-        )
+        wt = torch_csr_t(torch, layer, dev)
         bias = torch.as_tensor(layer.bias_vector(), device=dev)[None, :]
         mats.append((wt, bias, layer.clip, 0.0 if layer.activation == "relu" else None))
     base = int(rows.indptr[0])

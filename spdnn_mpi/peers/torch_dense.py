@@ -21,7 +21,8 @@ from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
 
 
-def _torch_device(peer: str):
+def torch_device(peer: str):
+    """(torch, its current CUDA device), or a clear SpdnnError naming ``peer``."""
     try:
         import torch
     except ImportError as exc:
@@ -29,6 +30,15 @@ def _torch_device(peer: str):
     if not torch.cuda.is_available():
         raise SpdnnError(f"peer {peer}: PyTorch sees no CUDA device")
     return torch, torch.device("cuda", torch.cuda.current_device())
+
+
+def torch_csr_t(torch, layer, dev):
+    """W^T of ``layer`` as a torch.sparse CSR tensor (n_out x n_in) on ``dev``."""
+    return torch.sparse_csr_tensor(
+        torch.as_tensor(np.asarray(layer.indptr, dtype=np.int64)),
+        torch.as_tensor(layer.indices.astype(np.int64)),
+        torch.as_tensor(layer.weight_values()),
+        size=(layer.n_out, layer.n_in), device=dev)
 
 
 def _timed(torch, dev, fn, repeat: int) -> tuple[np.ndarray, float, list[float]]:
@@ -53,7 +63,7 @@ def _epilogue(torch, z, layer):
 def torch_dense_infer(network: Network, rows: SparseRows, *, batch: int | None = None,
                       repeat: int = 3) -> tuple[np.ndarray, float, list[float]]:
     """(final outputs, median seconds, all runs' seconds) of the dense model in PyTorch."""
-    torch, dev = _torch_device("torch-dense")
+    torch, dev = torch_device("torch-dense")
     mats = [(torch.as_tensor(layer.to_scipy_t().toarray().T.copy(), device=dev),
              torch.as_tensor(layer.bias_vector(), device=dev), layer)
             for layer in network.layers]
@@ -76,15 +86,11 @@ def torch_dense_infer(network: Network, rows: SparseRows, *, batch: int | None =
 def torch_sparse_mlp_infer(network: Network, rows: SparseRows, *, batch: int | None = None,
                            repeat: int = 3) -> tuple[np.ndarray, float, list[float]]:
     """(final outputs, median seconds, all runs' seconds) with torch.sparse CSR weights."""
-    torch, dev = _torch_device("torch")
+    torch, dev = torch_device("torch")
     mats = []
     for layer in network.layers:
-        wt = torch.sparse_csr_tensor(
-            torch.as_tensor(np.asarray(layer.indptr, dtype=np.int64)),
-            torch.as_tensor(layer.indices.astype(np.int64)),
-            torch.as_tensor(layer.weight_values()),
-            size=(layer.n_out, layer.n_in), device=dev)
-        mats.append((wt, torch.as_tensor(layer.bias_vector(), device=dev)[:, None], layer))
+        mats.append((torch_csr_t(torch, layer, dev),
+                     torch.as_tensor(layer.bias_vector(), device=dev)[:, None], layer))
     xt = torch.as_tensor(rows.to_dense().T.copy(), device=dev)  # features x rows
     step = batch or max(1, rows.n_rows)
 
