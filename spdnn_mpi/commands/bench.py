@@ -40,7 +40,7 @@ peer); the JSON has the process's peak (peak_host_bytes).
 
 def default_data_dir() -> Path:
     """Where generated benchmark stores are cached ($SPDNN_CACHE_DIR or ~/.cache)."""
-    from spdnn_mpi.generators.challenge import cache_dir
+    from spdnn_mpi.paths import cache_dir
 
     return cache_dir() / "bench"
 

@@ -43,7 +43,7 @@ def shipped_model_stores(args) -> list[Path]:
 
 
 def _default_dir() -> Path:
-    from spdnn_mpi.generators.challenge import cache_dir
+    from spdnn_mpi.paths import cache_dir
 
     return cache_dir() / "bench"
 

@@ -21,14 +21,6 @@ from spdnn_mpi.progress import Emit, Progress, stderr_lines
 from spdnn_mpi.truth import TruthFn, check_truth_memory, resolve_truth_backend, truth_by_count
 
 
-def cache_dir() -> Path:
-    """$SPDNN_CACHE_DIR, else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi."""
-    if os.environ.get("SPDNN_CACHE_DIR"):
-        return Path(os.environ["SPDNN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "spdnn_mpi"
-
-
 def _reporting(layers: Iterable, total: int, emit: Emit | None, keep: list,
                keep_first: int) -> Iterator:
     """Pass layers through, keeping the first ``keep_first`` and reporting progress."""
