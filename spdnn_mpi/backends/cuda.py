@@ -28,7 +28,7 @@ from spdnn_mpi.model import Layer, SparseRows
 
 #: State slots, mirrored from cuda/spdnn_common.cuh.
 ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
-ST_DID_COMPACT, ST_COMPACTIONS, ST_NEW_ROWS, ST_SIZE = 7, 8, 5, 16
+ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
 P_SIZE = 8
 

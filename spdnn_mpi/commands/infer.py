@@ -249,7 +249,7 @@ def finish_argmax(args: argparse.Namespace, report: dict, predictions: np.ndarra
     ``reference`` (with --check) and ``labels`` were read when the run started.
     """
     from spdnn_mpi.formats.tsv_write import write_predictions
-    from spdnn_mpi.readout import compare_predictions
+    from spdnn_mpi.readout import accuracy, compare_predictions
     from spdnn_mpi.report import write_json
 
     status = 0
@@ -257,8 +257,8 @@ def finish_argmax(args: argparse.Namespace, report: dict, predictions: np.ndarra
         report["check"] = compare_predictions(predictions, reference)
         status = 0 if report["check"]["passed"] else 1
     if labels is not None:
-        correct = int(np.count_nonzero(predictions == labels))
-        report["accuracy"] = {"accuracy": correct / max(len(labels), 1), "correct": correct,
+        report["accuracy"] = {"accuracy": accuracy(predictions, labels),
+                              "correct": int(np.count_nonzero(predictions == labels)),
                               "images": int(len(labels))}
     if args.out:
         write_predictions(args.out, predictions)

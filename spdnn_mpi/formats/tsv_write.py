@@ -122,21 +122,19 @@ def write_categories(path: str | os.PathLike, ids: np.ndarray) -> None:
     ids = np.sort(np.asarray(ids, dtype=np.int64))
     if len(ids) and ids[0] < 1:
         raise ValueError("category ids are 1-based")
-    text = "".join(f"{x}\n" for x in ids.tolist()).encode()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        if path.name.endswith(".gz"):
-            with gzip.open(tmp, "wb") as f:
-                f.write(text)
-        else:
-            tmp.write_bytes(text)
+    _write_lines(path, "".join(f"{x}\n" for x in ids.tolist()).encode())
 
 
 def write_predictions(path: str | os.PathLike, classes: np.ndarray) -> None:
     """Write ``image_id<TAB>class`` lines (1-based id, 0-based class), atomically."""
     classes = np.asarray(classes, dtype=np.int64)
     ids = np.arange(1, len(classes) + 1)
-    text = "".join(f"{i}\t{c}\n" for i, c in zip(ids.tolist(), classes.tolist())).encode()
+    _write_lines(path, "".join(f"{i}\t{c}\n" for i, c in zip(ids.tolist(),
+                                                             classes.tolist())).encode())
+
+
+def _write_lines(path: str | os.PathLike, text: bytes) -> None:
+    """``text`` to ``path`` atomically, gzip-compressed when the name ends in .gz."""
     path = Path(path)
     with atomic_path(path) as tmp:
         if path.name.endswith(".gz"):
