@@ -27,6 +27,7 @@ examples:
   spdnn bench --config 1024x120 --config 4096x480 --backend cuda --peer cusparse --peer torch
   spdnn bench --challenge --backend cuda --peer cusparse --json challenge.json
   spdnn bench --models --peer onnxruntime --plot models.png
+  spdnn bench --config 1024x120 --config 4096x120 --backend cuda --plot bench.png
 
 columns (also printed under the table): TE/s from the median of --repeat timed
 runs; runs_s = fastest-slowest of those runs (auto, else off); <peer>_s = the
@@ -87,7 +88,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-images", type=int, default=None, metavar="COUNT",
                    help="models: time COUNT images (the store's inputs repeated; default: them)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
-                   help="models: draw speed-up and accuracy against sparsity (matplotlib)")
+                   help="draw a PNG (matplotlib, the 'bench' extra): for configurations, "
+                        "TE/s of both modes against the published anchors and time and live "
+                        "rows per layer of --plot-config; for models, speed-up and accuracy "
+                        "against sparsity")
+    p.add_argument("--plot-config", type=parse_config, default=None, metavar="NxL",
+                   help="the configuration whose layers --plot draws (one that runs; "
+                        "default: the largest N x L)")
+    p.add_argument("--first-layers", type=int, default=10, metavar="K",
+                   help="print and write (JSON first_layers) the off mode's first K layers "
+                        "against their H200 floor, where the backend times layers (0: none)")
     p.add_argument("--peer-max", type=parse_config, default=None, metavar="NxL",
                    help="run peers only on cases with N*L at most this (default: all)")
     p.add_argument("--repeat", type=int, default=3, metavar="COUNT",
@@ -132,15 +142,22 @@ def _emit(args):
     return lambda line: print(f"  {line}", file=sys.stderr, flush=True)
 
 
-def generated_cases(args) -> list[tuple[Path, int]]:
-    """(store, layers) per requested configuration; stores generated once per N."""
-    from spdnn_mpi.formats.store import Store
-    from spdnn_mpi.generators.challenge import generate_store
+def requested_configs(args) -> list[tuple[int, int]]:
+    """(N, L) of every --config and, with --challenge, the 12 challenge configurations."""
     from spdnn_mpi.model import CHALLENGE_LAYERS, CHALLENGE_NEURONS
 
     configs = list(args.config)
     if args.challenge:
         configs += [(n, lay) for n in CHALLENGE_NEURONS for lay in CHALLENGE_LAYERS]
+    return configs
+
+
+def generated_cases(args) -> list[tuple[Path, int]]:
+    """(store, layers) per requested configuration; stores generated once per N."""
+    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.generators.challenge import generate_store
+
+    configs = requested_configs(args)
     data_dir = args.data_dir or default_data_dir()
     by_n: dict[int, list[int]] = {}
     for n, layers in configs:
@@ -236,6 +253,7 @@ def time_mode(args, network, rows, backend, mode: str, set_up_seconds: float) ->
         "alive_at_end": int(len(ours)), "input_seconds": res.input_seconds,
         "end_to_end_seconds": set_up_seconds + res.input_seconds + median + write_s,
         "live_rows_per_layer": res.live_per_layer.tolist(),
+        "layer_seconds": None if res.layer_seconds is None else res.layer_seconds.tolist(),
         "computed_rows_per_layer": res.computed_rows_per_layer.tolist(),
         "compression": merge_events(res.compression),
         "_categories": ours,
@@ -264,6 +282,7 @@ def simulate_ranks(args, network, rows, backend, mode: str, median: float, ranks
 
 def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_name: str) -> dict:
     from spdnn_mpi.anchors import anchors_for
+    from spdnn_mpi.commands import bench_plot
     from spdnn_mpi.driver import compare_categories
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.store import Store
@@ -327,6 +346,7 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
             m["ranks_sim"] = m["ranks_sim_all"][0]
     for m in modes.values():
         del m["_categories"]
+    bench_plot.add_first_layers(row, network, args.first_layers)
     row.update(peak_host_bytes())  # of the process so far: the largest case run yet
     return row
 
@@ -391,7 +411,7 @@ def table(rows: list[dict], peers: list[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.backends import make_backend, resolve_backend_name
-    from spdnn_mpi.commands import bench_models
+    from spdnn_mpi.commands import bench_models, bench_plot
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.memory import peak_host_bytes
     from spdnn_mpi.outputs import check_output
@@ -407,6 +427,7 @@ def run(args: argparse.Namespace) -> int:
             model_paths.append(Path(s))
         else:
             cases += [(Path(s), lay) for lay in (args.layers or [None])]
+    bench_plot.check_options(args, cases, requested_configs(args), bool(model_paths))
     cases += generated_cases(args) if (args.config or args.challenge) else []
     if not cases and not model_paths:
         raise SpdnnError("nothing to benchmark: give STORE paths, --config NxL, --challenge "
@@ -442,5 +463,10 @@ def run(args: argparse.Namespace) -> int:
             bench_models.plot(models, args.plot)
     if cases:
         print(table(results, args.peer))
+        first = bench_plot.first_layers_text(results)
+        if first:
+            print("\n" + first)
+        if args.plot:
+            bench_plot.plot(results, args.plot, args.plot_config)
     failed = any(row_failed(r) for r in results) or bench_models.failed(models)
     return 1 if failed else 0
