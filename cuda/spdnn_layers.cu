@@ -14,66 +14,7 @@
 //                          32-bit indices when n_in > 65536.
 // Sums run in CSR order with one accumulator, as the scipy reference does,
 // so a uniform power-of-two weight reproduces the reference bit for bit.
-#include "spdnn_common.cuh"
-
-struct LayerArgs {
-  float* buf0;
-  float* buf1;
-  i64 tstride;  // floats per tile (width * 32)
-  int n_in;
-  int n_out;
-  float scale;  // uniform weight (1 when values are given)
-  float bias_s;  // scalar bias, used when bias_v is null
-  const float* bias_v;
-  float floor;  // 0 for ReLU, -inf for no activation
-  float clip;  // +inf for none
-  int* state;
-  u32* masks;  // two parities of max_tiles words
-  int max_tiles;
-  int* tile_base;
-  int* live_hist;
-  u64* stamps;
-  int k;
-  int drop_dead;
-};
-
-// Kernel parameters are passed flat (no struct crosses the host boundary) and
-// gathered into LayerArgs inside the kernel.
-#define LAYER_PARAMS                                                                     \
-  const i64 *ptrs, int n_in, int n_out, float scale, float bias_s, const float *bias_v,    \
-      float floor, float clip, int *state, int *live_hist, u64 *stamps, int k, int drop_dead
-#define LAYER_ARGS                                                                   \
-  const LayerArgs a = {reinterpret_cast<float*>(ptrs[P_BUF0]),                       \
-                       reinterpret_cast<float*>(ptrs[P_BUF1]),                       \
-                       ptrs[P_TSTRIDE],                                              \
-                       n_in,                                                         \
-                       n_out,                                                        \
-                       scale,                                                        \
-                       bias_s,                                                       \
-                       bias_v,                                                       \
-                       floor,                                                        \
-                       clip,                                                         \
-                       state,                                                        \
-                       reinterpret_cast<u32*>(ptrs[P_MASKS]),                        \
-                       (int)ptrs[P_MAX_TILES],                                       \
-                       reinterpret_cast<int*>(ptrs[P_TILE_BASE]),                    \
-                       live_hist,                                                    \
-                       stamps,                                                       \
-                       k,                                                            \
-                       drop_dead}
-
-__device__ __forceinline__ float bias_of(int j, const LayerArgs& a) {
-  return a.bias_v ? __ldg(a.bias_v + j) : a.bias_s;
-}
-
-// scale * acc + bias, then the activation (ReLU: floor 0; none: floor -inf) and the clip.
-__device__ __forceinline__ float activate(float acc, float b, const LayerArgs& a) {
-  return fminf(fmaxf(fmaf(acc, a.scale, b), a.floor), a.clip);
-}
-
-__device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) {
-  return activate(acc, bias_of(j, a), a);
-}
+#include "spdnn_layer.cuh"
 
 // Copy a whole 32-row tile (n_in neurons, contiguous) into shared memory. A
 // plain load/store loop keeps one load in flight per thread and waits a memory
@@ -98,14 +39,6 @@ __device__ __forceinline__ void stage_tile(float* xs, const float* __restrict__ 
 #if SPDNN_CP_ASYNC
   cp_async_wait_all();
 #endif
-}
-
-__device__ __forceinline__ void finish_layer(const LayerArgs& a) {
-  if (last_block_done(a.state)) {
-    u32* mask = a.masks + (a.k & 1) * a.max_tiles;
-    u32* next = a.masks + ((a.k + 1) & 1) * a.max_tiles;
-    block_plan(a.state, mask, next, a.tile_base, a.live_hist, a.stamps, a.k, a.drop_dead);
-  }
 }
 
 // The ELL kernels give a lane 4 consecutive rows of a 32-row tile (one
@@ -168,24 +101,16 @@ __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, con
   return acc;
 }
 
-// Epilogue of 4 rows of output j, one 16-byte store; returns their alive bits.
-__device__ __forceinline__ u32 store_rows4(float4 acc, int j, const LayerArgs& a, float* out) {
-  const float b = bias_of(j, a);
-  const float4 y = make_float4(activate(acc.x, b, a), activate(acc.y, b, a),
-                               activate(acc.z, b, a), activate(acc.w, b, a));
-  *reinterpret_cast<float4*>(out + (i64)j * 32) = y;
-  return (u32)(y.x != 0.0f) | (u32)(y.y != 0.0f) << 1 | (u32)(y.z != 0.0f) << 2 |
-         (u32)(y.w != 0.0f) << 3;
-}
-
 // One ELL layer: the block takes a contiguous range of the (tile, output step)
 // units, so blocks differ by at most one step of work and each block meets a
 // tile once: staged once (SMEM), its alive bits ORed once per warp. Output
 // slot s computes output out_ids[s] (the host's locality order: slots that
 // read the same inputs are neighbours, so their gathers hit in L1).
-template <int D, bool SMEM, int ROWS, bool FEW>
-__device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restrict__ idx,
-                                          const int* __restrict__ out_ids, float* xs) {
+// The walk is shared by the ELL and the CSR4 kernels: sum(s, xq) returns the
+// float4 of sums of output slot s for the lane's 4 rows at xq.
+template <bool SMEM, int ROWS, typename Sum>
+__device__ __forceinline__ void rows4_layer(const LayerArgs& a, const int* __restrict__ out_ids,
+                                            float* xs, Sum sum) {
   constexpr int LANES = ROWS / 4;  // lanes per output
   constexpr int OUTPUTS_PER_STEP = 32 / LANES;
   const int n_tiles = ld_state(a.state, ST_TILES);
@@ -199,7 +124,6 @@ __device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restr
   const i64 n_units = (i64)n_tiles * n_steps;
   const i64 per_block = (n_units + gridDim.x - 1) / gridDim.x;
   const i64 u_end = min(n_units, (i64)blockIdx.x * per_block + per_block);
-  const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
   for (i64 u = (i64)blockIdx.x * per_block; u < u_end;) {
     const int t = (int)(u / n_steps);
     const int c0 = (int)(u - (i64)t * n_steps);
@@ -219,9 +143,8 @@ __device__ __forceinline__ void ell_layer(const LayerArgs& a, const u16* __restr
     for (int c = c0 + warp; c < c1; c += nwarps) {
       const int s = c * OUTPUTS_PER_STEP + g;
       if (s < a.n_out) {
-        const float4 acc = gather_rows4<D, SMEM, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
-            idx4 + (i64)s * (D / 8), xq);
-        alive |= store_rows4(acc, __ldg(out_ids + s), a, out) << r4;
+        const int j = out_ids ? __ldg(out_ids + s) : s;
+        alive |= store_rows4(sum(s, xq), j, a, out) << r4;
       }
     }
     alive = __reduce_or_sync(0xffffffffu, alive);
@@ -237,7 +160,12 @@ __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
     layer_ell_smem(LAYER_PARAMS, const u16* __restrict__ idx, const int* __restrict__ out_ids) {
   LAYER_ARGS;
   extern __shared__ float4 xs4[];
-  ell_layer<D, true, ROWS, FEW>(a, idx, out_ids, reinterpret_cast<float*>(xs4));
+  const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
+  rows4_layer<true, ROWS>(a, out_ids, reinterpret_cast<float*>(xs4),
+                          [&](int s, const float* xq) {
+                            return gather_rows4<D, true, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
+                                idx4 + (i64)s * (D / 8), xq);
+                          });
   finish_layer(a);
 }
 
@@ -246,7 +174,72 @@ template <int D, int ROWS, bool FEW>
 __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     layer_ell_global(LAYER_PARAMS, const u16* __restrict__ idx, const int* __restrict__ out_ids) {
   LAYER_ARGS;
-  ell_layer<D, false, ROWS, FEW>(a, idx, out_ids, nullptr);
+  const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
+  rows4_layer<false, ROWS>(a, out_ids, nullptr, [&](int s, const float* xq) {
+    return gather_rows4<D, false, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
+        idx4 + (i64)s * (D / 8), xq);
+  });
+  finish_layer(a);
+}
+
+// CSR4: any degree per output, optionally per-nonzero values, 16-bit indices,
+// with the ELL kernels' float4 rows (8 lanes per output, 4 outputs per warp
+// step). Each output's indices (and values) start at a multiple of 8, so 8 of
+// them come in one 16-byte load (two for values); entries past the degree
+// are loaded (index 0) but not added. Sums in CSR order, one fmaf per value
+// as in layer_csr, so both give the same bits.
+template <bool SMEM, bool VALS>
+__device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
+                                            const float4* __restrict__ vp, int deg,
+                                            const float* xq) {
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int p0 = 0; p0 < deg; p0 += 8) {
+    const uint4 iv = __ldg(ip + p0 / 8);
+    const u32 w[4] = {iv.x, iv.y, iv.z, iv.w};
+    float v[8];
+    if constexpr (VALS) {
+      const float4 v0 = __ldg(vp + p0 / 4), v1 = __ldg(vp + p0 / 4 + 1);
+      v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w;
+      v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+    }
+    float4 x[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const u32 i = (p & 1) ? (w[p / 2] >> 16) : (w[p / 2] & 0xffffu);
+      x[p] = load_rows4<SMEM>(xq + i * 32);
+    }
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      if (p0 + p < deg) {
+        if constexpr (VALS) {
+          acc.x = fmaf(v[p], x[p].x, acc.x);
+          acc.y = fmaf(v[p], x[p].y, acc.y);
+          acc.z = fmaf(v[p], x[p].z, acc.z);
+          acc.w = fmaf(v[p], x[p].w, acc.w);
+        } else {
+          add_rows4(acc, x[p]);
+        }
+      }
+    }
+  }
+  return acc;
+}
+
+// spans[j] = (first entry, degree) of output j in idx/vals (first a multiple of 8).
+template <bool SMEM, bool VALS>
+__global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREADS)
+    layer_csr4(LAYER_PARAMS, const int2* __restrict__ spans, const u16* __restrict__ idx,
+               const float* __restrict__ vals) {
+  LAYER_ARGS;
+  extern __shared__ float4 xs4[];
+  const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
+  const float4* vals4 = reinterpret_cast<const float4*>(vals);
+  rows4_layer<SMEM, 32>(a, nullptr, reinterpret_cast<float*>(xs4),
+                        [&](int s, const float* xq) {
+                          const int2 sp = __ldg(spans + s);
+                          return csr_rows4<SMEM, VALS>(idx4 + sp.x / 8, vals4 + sp.x / 4, sp.y,
+                                                      xq);
+                        });
   finish_layer(a);
 }
 

@@ -45,7 +45,7 @@ def test_kernel_sources_found_and_assembled():
     src = lay.assemble_source({"SPDNN_SMEM_THREADS": 256})
     assert src.startswith("#define SPDNN_SMEM_THREADS 256\n")
     assert '#include "' not in src  # local headers inlined, so NVRTC needs no -I
-    for kernel in ("layer_ell_smem", "layer_ell_global", "layer_csr", "compact_rows",
+    for kernel in ("layer_ell_smem", "layer_ell_global", "layer_csr", "layer_group", "compact_rows",
                    "scatter_rows", "stamp"):
         assert f" {kernel}(" in src or f"\n    {kernel}(" in src, kernel
     assert "#pragma once" not in src and src.count("struct LayerArgs {") == 1
@@ -80,6 +80,94 @@ def test_ell_layout_covers_every_output_once(n_in, n_out, kind):
     assert np.array_equal(back.ravel(), layer.indices)  # CSR order kept within each output
 
 
+def _block_layer(rng, n_in, n_out, degree, *, values=True, max_group=16, bias=-0.3,
+                 clip=32.0):
+    """Outputs in groups (random sizes up to ``max_group``, scattered over the output
+    ids) that read the same ``degree`` inputs; random values per nonzero."""
+    sizes = []
+    while sum(sizes) < n_out:
+        sizes.append(int(rng.integers(1, max_group + 1)))
+    sizes[-1] -= sum(sizes) - n_out
+    sets = [np.sort(rng.choice(n_in, degree, replace=False)) for _ in sizes]
+    rows = np.concatenate([np.repeat(s[None], k, axis=0) for s, k in zip(sets, sizes)])
+    rows = rows[rng.permutation(n_out)]
+    indptr = np.arange(0, degree * n_out + 1, degree, dtype=np.int64)
+    vals = rng.normal(0.2, 0.4, degree * n_out).astype(np.float32) if values else None
+    return Layer(n_in, n_out, indptr, rows.ravel().astype(np.uint16), vals,
+                 None if values else 1 / 16, bias, clip)
+
+
+@pytest.mark.parametrize("values", [True, False])
+@pytest.mark.parametrize("n_in,n_out,degree,max_group", [(300, 203, 32, 16), (5000, 77, 8, 40),
+                                                          (64, 1000, 64, 3)])
+def test_group_layout_covers_every_output_once(n_in, n_out, degree, max_group, values):
+    rng = np.random.default_rng(n_out + degree)
+    layer = _block_layer(rng, n_in, n_out, degree, values=values, max_group=max_group)
+    assert lay.plan_layer(layer, 200 * 1024).kind == "group"
+    gl = lay.group_layout(layer)
+    assert gl.n_groups % 4 == 0
+    out = gl.out_ids.reshape(gl.n_groups, lay.GROUP_SLOTS)
+    idx = gl.indices.reshape(gl.n_groups, degree)
+    assert np.array_equal(np.sort(out[out >= 0]), np.arange(n_out))  # each output once
+    rows = layer.indices.reshape(n_out, degree)
+    g, slot = np.nonzero(out >= 0)
+    assert np.array_equal(idx[g], rows[out[g, slot]])  # every member reads the group's inputs
+    if values:
+        w = gl.weights.reshape(gl.n_groups, degree, lay.GROUP_SLOTS)
+        assert gl.wstride == degree * lay.GROUP_SLOTS
+        assert np.array_equal(w[g, :, slot], layer.values.reshape(n_out, degree)[out[g, slot]])
+        assert np.all(w.transpose(0, 2, 1)[out < 0] == 0)
+    else:
+        assert gl.wstride == 0 and np.all(gl.weights == 1) and gl.weights.size == degree * 16
+    n_sets = len(np.unique(rows, axis=0))
+    used = int(np.count_nonzero((out >= 0).any(axis=1)))
+    assert n_sets <= used <= n_sets + n_out // lay.GROUP_SLOTS  # runs cut at 16 only
+    assert gl.fill == pytest.approx(n_out / (used * lay.GROUP_SLOTS))
+
+
+def test_group_layout_of_radixnet_layers_is_full():
+    """RadiX-Net layers (the challenge's) are groups of 16 outputs sharing 32 inputs."""
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    for layer in radixnet_network(1024, 3).layers:
+        gl = lay.group_layout(layer)
+        assert gl.fill == 1.0 and gl.n_groups == 1024 // 16
+
+
+def test_plan_takes_group_only_for_fixed_degree_16_bit_layers():
+    rng = np.random.default_rng(4)
+    uniform = _fixed_degree_layer(rng, 300, 64, 16)
+    assert lay.plan_layer(uniform, 200 * 1024).kind == "group"
+    assert lay.plan_layer(uniform, 200 * 1024, grouped=False).kind == "smem32"
+    assert lay.plan_layer(uniform, 200 * 1024, "csr").kind == "csr_smem"
+    odd = _fixed_degree_layer(rng, 300, 64, 12)
+    assert lay.plan_layer(odd, 200 * 1024, "group").kind == "csr4_smem"
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_csr4_layout_aligns_each_output_and_keeps_csr_order(values):
+    rng = np.random.default_rng(11)
+    i, j = np.nonzero(rng.random((70, 45)) < 0.2)
+    vals = rng.normal(size=len(i)) if values else np.full(len(i), 0.5)
+    layer = Layer.from_coo(i, j, vals, 70, 45)
+    assert lay.plan_layer(layer, 200 * 1024).kind == "csr4_smem"
+    assert lay.plan_layer(layer, 1024).kind == "csr4_global"
+    assert lay.plan_layer(layer, 200 * 1024, "csr").kind == "csr_smem"
+    spans, idx, v = lay.csr4_layout(layer)
+    deg = np.diff(layer.indptr)
+    assert np.array_equal(spans[:, 1], deg) and np.all(spans[:, 0] % 8 == 0)
+    assert np.all(np.diff(spans[:, 0]) == -(-deg[:-1] // 8) * 8)
+    for out in range(layer.n_out):
+        a, b = layer.indptr[out], layer.indptr[out + 1]
+        start, d = spans[out]
+        assert np.array_equal(idx[start:start + d], layer.indices[a:b])
+        assert np.all(idx[start + d:start + -(-d // 8) * 8] == 0)
+        if values:
+            assert np.array_equal(v[start:start + d], layer.values[a:b])
+    if not values:
+        assert v.size == 1
+
+
 def test_locality_order_puts_equal_input_sets_side_by_side():
     rng = np.random.default_rng(3)
     base = np.sort(np.stack([rng.choice(5000, 32, replace=False) for _ in range(50)]), axis=1)
@@ -97,7 +185,7 @@ def test_unknown_variant_is_refused():
     layer = _fixed_degree_layer(np.random.default_rng(4), 100, 20, 8)
     with pytest.raises(SpdnnError, match="unknown CUDA kernel variant 'smem8'"):
         lay.plan_layer(layer, 200 * 1024, "smem8")
-    with pytest.raises(SpdnnError, match="one of auto, smem32, global, csr"):
+    with pytest.raises(SpdnnError, match="one of auto, group, smem32, global, csr"):
         _backend(variant="l1")  # refused before CuPy is needed, so also without a GPU
 
 
@@ -175,7 +263,7 @@ def test_random_networks_match_reference(widths, values, bias, clip, binary):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("variant", ["auto", "smem32", "global", "csr"])
+@pytest.mark.parametrize("variant", ["auto", "group", "smem32", "global", "csr"])
 @pytest.mark.parametrize("degree", [8, 32, 64])
 @pytest.mark.parametrize("widths", [[512, 512, 512, 512], [300, 1001, 203, 701]])
 def test_fixed_degree_uniform_layers_every_kernel(variant, degree, widths):
@@ -190,6 +278,34 @@ def test_fixed_degree_uniform_layers_every_kernel(variant, degree, widths):
     net = Network(layers)
     rows = _random_rows(rng, 700, widths[0], 0.3, binary=False)
     _check(net, rows, _backend(variant=variant))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("values", [True, False])
+@pytest.mark.parametrize("widths,degree,max_group", [([512, 512, 512, 512], 32, 16),
+                                                     ([300, 1001, 203, 701], 16, 16),
+                                                     ([2000, 3000, 70], 64, 40),
+                                                     ([256, 256, 256], 8, 5)])
+def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, values):
+    """Block-sparse layers (outputs sharing their inputs, groups of random size
+    scattered over the output ids, random values and biases, odd widths) on the
+    grouped kernel: ids exact, features within 1e-5 of the reference; uniform
+    layers bit for bit (their sums are the other kernels' sums)."""
+    rng = np.random.default_rng(zlib.crc32(repr((widths, degree, values)).encode()))
+    layers = []
+    for n_in, n_out in zip(widths[:-1], widths[1:]):
+        bias = rng.uniform(-0.5, 0.05, n_out).astype(np.float32) if n_out % 2 else -0.2
+        layers.append(_block_layer(rng, n_in, n_out, degree, values=values,
+                                   max_group=max_group, bias=bias))
+    net = Network(layers)
+    rows = _random_rows(rng, 900, widths[0], 0.3, binary=False)
+    backend = _backend(variant="group")
+    res = _check(net, rows, backend)
+    assert backend.describe()["kernels"] == {"group": len(layers)}
+    if not values:
+        _, ref = reference_infer(net, rows)
+        assert np.array_equal(res.features, ref)
 
 
 def _challenge_dir() -> Path:

@@ -57,7 +57,7 @@ def _uniform_saturating(rng, width, n_layers, degree=32):
     return Network(layers)
 
 
-@pytest.mark.parametrize("variant", ["auto", "global", "csr"])
+@pytest.mark.parametrize("variant", ["auto", "group", "global", "csr"])
 @pytest.mark.parametrize("batch", [None, 333])
 def test_duplicated_inputs(variant, batch):
     rng = np.random.default_rng(11)

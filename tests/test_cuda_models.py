@@ -48,7 +48,7 @@ def test_random_classifiers_match_reference(variant, seed):
     np.testing.assert_array_equal(ours, reference_predictions(net, rows))
 
 
-@pytest.mark.parametrize("variant", ["auto", "smem32", "global", "csr"])
+@pytest.mark.parametrize("variant", ["auto", "group", "smem32", "global", "csr"])
 def test_linear_uniform_layers_on_every_kernel(variant):
     """Fixed degree, uniform weights (the ELL kernels), no activation: floor -inf."""
     rng = np.random.default_rng(7)

@@ -19,6 +19,12 @@ trap 'rm -rf "$work"' EXIT
     echo "template __global__ void layer_ell_smem<$d,$form>(P, const u16*, const int*);"
     echo "template __global__ void layer_ell_global<$d,$form>(P, const u16*, const int*);"
   done; done
+  for d in 8 16 32 64; do
+    echo "template __global__ void layer_group<$d>(P, int, const u16*, const int*, const float*, int, int);"
+  done
+  for smem in true false; do for vals in true false; do
+    echo "template __global__ void layer_csr4<$smem,$vals>(P, const int2*, const u16*, const float*);"
+  done; done
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"
   done; done; done

@@ -6,7 +6,7 @@
 #
 #   bash tools/device_run.sh                    # everything
 #   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
-#                                               # locality compress models
+#                                               # locality compress models modellayers
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
 # harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
@@ -129,6 +129,14 @@ if [[ $steps == *challenge* ]]; then
     ${CHALLENGE_ARGS:---challenge --peer cusparse --peer torch} --repeat 3 --truth-max 1024x480 \
     --data-dir /tmp/bench --json "$out/bench_challenge.json" 2>&1 | tee "$out/bench_challenge.log"
   note "challenge bench rc=${PIPESTATUS[0]}"
+fi
+
+if [[ $steps == *modellayers* ]]; then
+  # Per-layer device time of the shipped pruned models (tools/model_layers.py).
+  # shellcheck disable=SC2086
+  python3 tools/model_layers.py ${MODEL_LAYERS_ARGS:---variant auto --variant csr} \
+    --json "$out/model_layers.json" > "$out/model_layers.log" 2>&1
+  note "model layers rc=$?"
 fi
 
 if [[ $steps == *models* ]]; then

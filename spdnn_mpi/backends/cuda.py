@@ -20,6 +20,13 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.backends.cuda_compile import (  # noqa: F401 (import_cupy: used by callers)
+    DEFAULT_DEFINES,
+    GROUP_CHUNK,
+    compiled_module,
+    import_cupy,
+    kernel_names,
+)
 from spdnn_mpi.backends.cuda_merge import DeviceMerge
 from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
@@ -31,62 +38,6 @@ ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
 ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
 P_SIZE = 8
-
-#: Compile-time settings handed to NVRTC as #defines.
-DEFAULT_DEFINES: dict[str, int] = {
-    "SPDNN_SMEM_THREADS": 512,
-    "SPDNN_GLOBAL_THREADS": 256,
-    "SPDNN_ELL_BATCH": 8,
-    "SPDNN_FEW_BATCH": 32,
-    "SPDNN_CSR_WARP_OUTPUTS": 8,
-    "SPDNN_CSR_ITEMS_PER_BLOCK": 1,
-    "SPDNN_COMPACT_DIV": 10,
-    "SPDNN_CP_ASYNC": 1,
-}
-
-#: Compiled modules, memoised by (device id, source digest).
-_MODULES: dict[tuple[int, str], Any] = {}
-
-
-def import_cupy():
-    """CuPy, or a clear error saying how to get it."""
-    try:
-        import cupy
-    except ImportError as exc:
-        raise SpdnnError(
-            "CuPy is not installed: the cuda backend needs it "
-            "(pip install 'spdnn_mpi[cuda]' for CUDA 13, 'spdnn_mpi[cuda12]' for CUDA 12)"
-        ) from exc
-    return cupy
-
-
-def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int]):
-    """The NVRTC-compiled kernel module for this device, compiled once per process."""
-    cupy = import_cupy()
-    names = tuple(sorted(set(names)))
-    source = lay.assemble_source(defines)
-    key = (device_id, lay.source_digest(source, names))
-    mod = _MODULES.get(key)
-    if mod is None:
-        with cupy.cuda.Device(device_id):
-            mod = cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=names)
-            mod.compile()
-        _MODULES[key] = mod
-    return mod
-
-
-def kernel_names(degrees: set[int]) -> list[str]:
-    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
-    names = ["scatter_rows<u16>", "scatter_rows<int>"]
-    for d in sorted(degrees | {32}):
-        names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
-                  for rows in (0, *lay.ELL_ROWS)]
-    for smem in ("true", "false"):
-        for vals in ("true", "false"):
-            for itype in ("u16", "int"):
-                names.append(f"layer_csr<{smem},{vals},{itype}>")
-    return names
-
 
 class CudaBackend:
     """The engine's backend on one NVIDIA GPU (see ``engine.Backend``)."""
@@ -181,60 +132,11 @@ class CudaBackend:
         self._layers = []
         with self._dev, self._stream:
             for layer, plan in zip(layers, plans):
-                kinds[plan.kind] = kinds.get(plan.kind, 0) + 1
-                kern = self._mod.get_function(plan.kernel)
-                if plan.smem_bytes > 48 * 1024:
-                    kern.max_dynamic_shared_size_bytes = plan.smem_bytes
-                if plan.kind == "smem32":
-                    threads = self._defines["SPDNN_SMEM_THREADS"]
-                else:
-                    threads = self._defines["SPDNN_GLOBAL_THREADS"]
-                grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
-                small = {}  # rows held (one tile at most) -> (kernel, grid)
-                for rows in lay.ELL_ROWS:
-                    k_rows = kern
-                    if plan.is_ell:
-                        k_rows = self._mod.get_function(lay.ell_kernel(plan.kind, plan.degree,
-                                                                       rows))
-                        if plan.smem_bytes > 48 * 1024:
-                            k_rows.max_dynamic_shared_size_bytes = plan.smem_bytes
-                    # ~16 output steps per block: a staged tile serves 16 warps; through
-                    # L1/L2 at least one block per SM, as many as the work fills
-                    steps = -(-layer.n_out // (128 // rows))
-                    g = (max(1, min(grid, steps // 16)) if plan.kind == "smem32"
-                         else min(grid, max(self.sms, -(-steps // 16))))
-                    small[rows] = (k_rows, g)
-                keep: list = []  # device arrays the launch arguments point to
-                if plan.is_ell:
-                    extra: tuple = lay.ell_layout(layer, cp)
-                    keep += list(extra)
-                else:
-                    ptr = cp.asarray(np.asarray(layer.indptr, dtype=np.int32))
-                    itype = np.uint16 if "u16" in plan.kernel else np.int32
-                    idx = cp.asarray(np.asarray(layer.indices, dtype=itype))
-                    if layer.values is not None:
-                        vals = cp.asarray(np.asarray(layer.values, dtype=np.float32))
-                    else:
-                        vals = cp.zeros(1, dtype=np.float32)
-                    keep += [ptr, idx, vals]
-                    extra = (ptr, idx, vals)
-                if layer.bias_is_scalar:
-                    bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
-                else:
-                    bias_s = np.float32(0.0)
-                    bias_v = cp.asarray(np.asarray(layer.bias, dtype=np.float32))
-                    keep.append(bias_v)
-                scale = np.float32(1.0 if layer.values is not None else layer.uniform_value)
-                clip = np.float32(np.inf if layer.clip is None else layer.clip)
-                layout_bytes += sum(int(a.nbytes) for a in keep)
-                self._layers.append({
-                    "plan": plan, "kern": kern, "grid": grid, "small": small,
-                    "threads": threads,
-                    "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
-                    "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
-                             bias_v, np.float32(layer.floor), clip),
-                    "extra": extra,
-                })
+                entry = self._layer_entry(layer, plan, smem_limit)
+                kind = entry["plan"].kind
+                kinds[kind] = kinds.get(kind, 0) + 1
+                layout_bytes += sum(int(a.nbytes) for a in entry["keep"])
+                self._layers.append(entry)
                 width = max(width, layer.n_in, layer.n_out)
                 if progress is not None:
                     progress(len(self._layers))
@@ -255,6 +157,85 @@ class CudaBackend:
             "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
             "compile_seconds": round(compile_s, 4),
             "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
+        }
+
+    def _small_grids(self, layer: Layer, plan: lay.LayerPlan, kern, grid: int,
+                     n_groups: int) -> dict:
+        """Rows held (one tile at most) -> (kernel, grid) of the compressed, converged layers."""
+        small = {}
+        warps = self._defines["SPDNN_GROUP_THREADS"] // 32
+        for rows in lay.ELL_ROWS:
+            if plan.kind == "group":  # the same kernel (same sums), one tile, one step a warp
+                small[rows] = (kern, max(1, min(grid, -(-n_groups // (4 * warps)))))
+                continue
+            k_rows = kern
+            if plan.is_ell:
+                k_rows = self._mod.get_function(lay.ell_kernel(plan.kind, plan.degree, rows))
+                if plan.smem_bytes > 48 * 1024:
+                    k_rows.max_dynamic_shared_size_bytes = plan.smem_bytes
+            # ~16 output steps per block: a staged tile serves 16 warps; through
+            # L1/L2 at least one block per SM, as many as the work fills
+            steps = -(-layer.n_out // (128 // rows))
+            g = (max(1, min(grid, steps // 16)) if plan.kind in ("smem32", "csr4_smem")
+                 else min(grid, max(self.sms, -(-steps // 16))))
+            small[rows] = (k_rows, g)
+        return small
+
+    def _layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int) -> dict:
+        """Upload one layer's layout; its kernel, grids and launch arguments."""
+        cp = self._cp
+        groups = None
+        if plan.kind == "group":
+            groups = lay.group_layout(layer, cp)
+            if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
+                plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
+        kern = self._mod.get_function(plan.kernel)
+        if plan.smem_bytes > 48 * 1024:
+            kern.max_dynamic_shared_size_bytes = plan.smem_bytes
+        threads = self._defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
+                                 "group": "SPDNN_GROUP_THREADS"}.get(plan.kind,
+                                                                    "SPDNN_GLOBAL_THREADS")]
+        grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
+        keep: list = []  # device arrays the launch arguments point to
+        extra_held = None
+        if groups is not None:
+            keep += [groups.indices, groups.out_ids, groups.weights]
+            head = (np.int32(groups.n_groups), groups.indices, groups.out_ids, groups.weights,
+                    np.int32(groups.wstride))
+            extra: tuple = (*head, np.int32(GROUP_CHUNK))
+            extra_held = (*head, np.int32(1))
+        elif plan.is_ell:
+            extra = lay.ell_layout(layer, cp)
+            keep += list(extra)
+        elif plan.kind.startswith("csr4"):
+            extra = lay.csr4_layout(layer, cp)
+            keep += list(extra)
+        else:
+            ptr = cp.asarray(np.asarray(layer.indptr, dtype=np.int32))
+            itype = np.uint16 if "u16" in plan.kernel else np.int32
+            idx = cp.asarray(np.asarray(layer.indices, dtype=itype))
+            if layer.values is not None:
+                vals = cp.asarray(np.asarray(layer.values, dtype=np.float32))
+            else:
+                vals = cp.zeros(1, dtype=np.float32)
+            keep += [ptr, idx, vals]
+            extra = (ptr, idx, vals)
+        if layer.bias_is_scalar:
+            bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
+        else:
+            bias_s = np.float32(0.0)
+            bias_v = cp.asarray(np.asarray(layer.bias, dtype=np.float32))
+            keep.append(bias_v)
+        scale = np.float32(1.0 if layer.values is not None else layer.uniform_value)
+        clip = np.float32(np.inf if layer.clip is None else layer.clip)
+        return {
+            "plan": plan, "kern": kern, "grid": grid, "threads": threads,
+            "small": self._small_grids(layer, plan, kern, grid,
+                                       groups.n_groups if groups is not None else 0),
+            "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
+            "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
+                     bias_v, np.float32(layer.floor), clip),
+            "extra": extra, "extra_held": extra_held or extra,
         }
 
     # -- features ------------------------------------------------------------
@@ -343,7 +324,7 @@ class CudaBackend:
         kk = np.int32(k)
         drop = drop_dead and not held
         args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
-                np.int32(1 if drop else 0), *L["extra"])
+                np.int32(1 if drop else 0), *(L["extra_held"] if held else L["extra"]))
         kern, grid = L["small"][held] if held else (L["kern"], L["grid"])
         kern((grid,), (L["threads"],), args, shared_mem=L["plan"].smem_bytes)
         if drop:

@@ -20,8 +20,8 @@ from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer
 
 #: The kernel sources, compiled together as one NVRTC program.
-KERNEL_HEADERS = ("spdnn_common.cuh",)
-KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_rows.cu", "spdnn_merge.cu")
+KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh")
+KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu")
 
 #: Rows per feature tile (one warp, one lane per row).
 TILE_ROWS = 32
@@ -84,7 +84,7 @@ def source_digest(source: str, names: tuple[str, ...]) -> str:
 class LayerPlan:
     """How one layer runs on the device: which kernel, with which layout."""
 
-    kind: str  # "smem32", "global", "csr_smem", "csr_global"
+    kind: str  # "group", "smem32", "global", "csr4_smem", "csr4_global", "csr_smem", "csr_global"
     kernel: str  # NVRTC name expression
     degree: int  # inputs per output (ELL kinds), 0 for CSR
     smem_bytes: int  # dynamic shared memory per block
@@ -112,7 +112,13 @@ def ell_kernel(kind: str, degree: int, rows: int = 0) -> str:
 def rows_bucket(rows: int) -> int:
     """Fewest rows of ``ELL_ROWS`` that hold ``rows`` (at most one tile)."""
     return min(r for r in ELL_ROWS if r >= rows)
-VARIANTS = ("auto", "smem32", "global", "csr")
+VARIANTS = ("auto", "group", "smem32", "global", "csr")
+
+#: Output slots of a group of the grouped kernel (cuda/spdnn_groups.cu).
+GROUP_SLOTS = 16
+#: Least mean fill of the groups (outputs / slots) for ``auto`` to keep the
+#: grouped kernel: below it padded slots cost more than the shared loads save.
+GROUP_MIN_FILL = 0.5
 
 
 def check_variant(variant: str) -> None:
@@ -121,27 +127,35 @@ def check_variant(variant: str) -> None:
         raise SpdnnError(f"unknown CUDA kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
 
 
-def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPlan:
+def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
+               grouped: bool = True) -> LayerPlan:
     """Pick the kernel for ``layer`` given the per-block shared memory limit.
 
-    Uniform weights with a fixed degree (a multiple of 8, at most 64) and
-    16-bit indices take the ELL kernels: the whole 32-row tile in shared
-    memory when it fits (``smem32``), else the L1/L2 kernel (``global``);
-    ``variant`` forces one of them (``smem32`` only where the tile fits) or
-    the CSR kernel. Everything else takes the CSR kernel.
+    A fixed degree (a multiple of 8, at most 64) with 16-bit indices takes the
+    grouped kernel (``group``: outputs that read the same inputs computed
+    together, values or uniform) unless ``grouped`` is False (the caller found
+    too few outputs sharing their inputs, ``GROUP_MIN_FILL``). Otherwise
+    uniform weights with such a degree take the ELL kernels: the whole 32-row
+    tile in shared memory when it fits (``smem32``), else the L1/L2 kernel
+    (``global``). Everything else takes a CSR kernel: ``csr4`` (float4 rows,
+    any degree and values) with 16-bit indices, the general ``csr`` with
+    32-bit ones. ``variant`` forces one of them (``smem32`` only where the
+    tile fits; ``group`` whatever the fill; ``csr``: the general CSR kernel).
     """
     check_variant(variant)
     d = layer.row_degree
-    ell_ok = (
-        layer.values is None
-        and d is not None
+    degree_ok = (
+        d is not None
         and d % 8 == 0
         and 8 <= d <= 64
         and layer.n_in <= 65536
         and np.dtype(layer.indices.dtype) == np.uint16
     )
+    ell_ok = degree_ok and layer.values is None
     tile_bytes = layer.n_in * TILE_ROWS * 4
     fits32 = tile_bytes <= smem_limit
+    if degree_ok and (variant == "group" or (variant == "auto" and grouped)):
+        return LayerPlan("group", f"layer_group<{d}>", d, 0)
     if ell_ok and variant != "csr":
         # Measured on the H200 (docs/performance.md): the staged tile wins where it fits.
         if fits32 and variant in ("auto", "smem32"):
@@ -149,9 +163,97 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto") -> LayerPla
         return LayerPlan("global", ell_kernel("global", d), d, 0)
     vals = "true" if layer.values is not None else "false"
     itype = "u16" if np.dtype(layer.indices.dtype) == np.uint16 else "int"
+    if itype == "u16" and variant != "csr":  # float4 rows, 8 indices a load
+        if fits32:
+            return LayerPlan("csr4_smem", f"layer_csr4<true,{vals}>", 0, tile_bytes)
+        return LayerPlan("csr4_global", f"layer_csr4<false,{vals}>", 0, 0)
     if fits32:
         return LayerPlan("csr_smem", f"layer_csr<true,{vals},{itype}>", 0, tile_bytes)
     return LayerPlan("csr_global", f"layer_csr<false,{vals},{itype}>", 0, 0)
+
+
+@dataclass
+class GroupLayout:
+    """What the grouped kernel reads for one layer (``group_layout``)."""
+
+    n_groups: int  # groups in the arrays, a multiple of 4 (the last ones may be empty)
+    indices: object  # n_groups x degree uint16: the inputs every output of the group reads
+    out_ids: object  # n_groups x GROUP_SLOTS int32: the output of each slot, -1 unused
+    weights: object  # float32 weight blocks, degree x GROUP_SLOTS each, k-major
+    wstride: int  # floats from one group's block to the next (0: one shared block)
+    fill: float  # outputs / used groups' slots
+
+
+_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
+
+
+def group_layout(layer: Layer, xp=np) -> GroupLayout:
+    """Group the outputs of a fixed-degree layer by identical input sets.
+
+    Outputs are sorted by (first input, hash of all inputs), so equal input
+    sets are neighbours and groups that read nearby inputs follow each other;
+    equality is then checked exactly, index by index (a hash collision only
+    splits a run). Runs longer than ``GROUP_SLOTS`` are cut into groups of
+    that size. Uniform layers get one block of ones shared by every group (the
+    value is applied once per output, as the other kernels do, so sums are
+    bit-identical to theirs); layers with values get each output's own
+    weights in its slot. ``xp`` is the array module (CuPy: on the device).
+    """
+    n_out, d = layer.n_out, layer.row_degree
+    rows = xp.asarray(np.ascontiguousarray(layer.indices, dtype=np.uint16)).reshape(n_out, d)
+    words = rows.view(xp.uint64)  # d is a multiple of 8: d / 4 words per row
+    h = xp.zeros(n_out, dtype=xp.uint64)
+    for c in range(words.shape[1]):
+        h = (h ^ words[:, c]) * _HASH_MUL
+    key = (rows[:, 0].astype(xp.uint64) << np.uint64(48)) | (h >> np.uint64(16))
+    order = xp.argsort(key, kind="stable") if xp is np else xp.argsort(key)
+    srt = rows[order]
+    pos = xp.arange(n_out)
+    start = xp.ones(n_out, dtype=bool)
+    start[1:] = xp.any(srt[1:] != srt[:-1], axis=1)
+    run = xp.cumsum(start) - 1
+    within = pos - xp.flatnonzero(start)[run]
+    new = start | (within % GROUP_SLOTS == 0)
+    gid = xp.cumsum(new) - 1
+    slot = within % GROUP_SLOTS
+    n_used = int(gid[-1]) + 1 if n_out else 0
+    n_groups = -(-max(n_used, 1) // 4) * 4
+    out_ids = xp.full((n_groups, GROUP_SLOTS), -1, dtype=xp.int32)
+    out_ids[gid, slot] = order.astype(xp.int32)
+    indices = xp.zeros((n_groups, d), dtype=xp.uint16)
+    indices[:n_used] = srt[xp.flatnonzero(new)]
+    if layer.values is None:
+        weights, wstride = xp.ones(d * GROUP_SLOTS, dtype=xp.float32), 0
+    else:
+        vals = xp.asarray(np.asarray(layer.values, dtype=np.float32)).reshape(n_out, d)
+        weights = xp.zeros((n_groups, d, GROUP_SLOTS), dtype=xp.float32)
+        weights[gid, :, slot] = vals[order]
+        wstride = d * GROUP_SLOTS
+    fill = n_out / (n_used * GROUP_SLOTS) if n_used else 1.0
+    return GroupLayout(n_groups, indices.reshape(-1), out_ids.reshape(-1), weights.reshape(-1),
+                       wstride, fill)
+
+
+def csr4_layout(layer: Layer, xp=np) -> tuple:
+    """(spans, indices, values) the CSR4 kernel reads: output j's entries start
+    at spans[j, 0], a multiple of 8, and number spans[j, 1]; the gaps are index
+    0 and value 0 (loaded, never added). Values: one float when uniform."""
+    deg = np.diff(np.asarray(layer.indptr, dtype=np.int64))
+    padded = -(-deg // 8) * 8
+    first = np.zeros(layer.n_out + 1, dtype=np.int64)
+    np.cumsum(padded, out=first[1:])
+    if first[-1] >= 2**31:
+        raise SpdnnError(f"layer too large for the csr4 kernel ({first[-1]} padded entries)")
+    dest = np.arange(layer.nnz, dtype=np.int64) + np.repeat(first[:-1] - layer.indptr[:-1], deg)
+    indices = np.zeros(max(int(first[-1]), 8), dtype=np.uint16)
+    indices[dest] = layer.indices
+    spans = np.stack([first[:-1], deg], axis=1).astype(np.int32)
+    if layer.values is None:
+        values = np.zeros(1, dtype=np.float32)
+    else:
+        values = np.zeros(len(indices), dtype=np.float32)
+        values[dest] = layer.values
+    return xp.asarray(spans), xp.asarray(indices), xp.asarray(values)
 
 
 def locality_order(rows: np.ndarray) -> np.ndarray:

