@@ -12,9 +12,10 @@
 // does its own D multiply-adds: nothing is shared between outputs but the
 // loaded inputs.
 //
-// A lane holds 4 consecutive rows of a tile (float4), 8 lanes one group, and
-// a warp step 4 consecutive groups of one tile (the host pads the group count
-// to a multiple of 4). Units run tile-major, so the groups that read one
+// A lane holds 4 consecutive rows of a tile (float4) and computes LS slots
+// (SPDNN_GROUP_LANE_SLOTS) of one group: 8 lanes a group and 4 groups a warp
+// step with LS = 16, 16 lanes and 2 groups with LS = 8 (their loads of the
+// same inputs are one request). The host pads the group count to a multiple of 4. Units run tile-major, so the groups that read one
 // input line of a tile run close together and the second read hits in L2.
 #include "spdnn_layer.cuh"
 
@@ -24,22 +25,26 @@
 #ifndef SPDNN_GROUP_MIN_BLOCKS
 #define SPDNN_GROUP_MIN_BLOCKS 2  // blocks per SM the register budget must allow (128 registers)
 #endif
+#ifndef SPDNN_GROUP_LANE_SLOTS
+#define SPDNN_GROUP_LANE_SLOTS 16  // slots a lane computes: 16 (a group per 8 lanes) or 8 (per 16)
+#endif
 #ifndef SPDNN_GROUP_BATCH
 #define SPDNN_GROUP_BATCH 8  // input loads issued per lane before their multiply-adds
 #endif
 #define GROUP_SLOTS 16
 
-// The 16 slots of one group for this lane's 4 rows; returns the rows' alive bits.
-template <int D>
+// LS slots of one group for this lane's 4 rows (wp, op: at the first of them);
+// returns the rows' alive bits.
+template <int D, int LS>
 __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
                                            const int4* __restrict__ op,
                                            const float4* __restrict__ wp, const float* xq,
                                            float* out) {
   constexpr int B = D < SPDNN_GROUP_BATCH ? D : SPDNN_GROUP_BATCH;
   static_assert(B % 2 == 0 && D % B == 0 && D % 8 == 0, "degree must be a multiple of 8");
-  float4 acc[GROUP_SLOTS];
+  float4 acc[LS];
 #pragma unroll
-  for (int o = 0; o < GROUP_SLOTS; ++o) acc[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int o = 0; o < LS; ++o) acc[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (int p0 = 0; p0 < D; p0 += B) {
     float4 x[B];
@@ -54,7 +59,7 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
     for (int p = 0; p < B; ++p) {
       const float4* wk = wp + (p0 + p) * (GROUP_SLOTS / 4);
 #pragma unroll
-      for (int q = 0; q < GROUP_SLOTS / 4; ++q) {
+      for (int q = 0; q < LS / 4; ++q) {
         const float4 w = __ldg(wk + q);
         const float ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -70,7 +75,7 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
   }
   u32 alive = 0u;
 #pragma unroll
-  for (int q = 0; q < GROUP_SLOTS / 4; ++q) {
+  for (int q = 0; q < LS / 4; ++q) {
     const int4 o4 = __ldg(op + q);
     const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
@@ -91,7 +96,7 @@ __device__ __forceinline__ void flush_alive(u32* mask, int t, u32 alive) {
 // gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
 // wstride: floats from one group's block to the next (0: one shared block),
 // chunk: consecutive warp steps a warp takes before striding on (fewer atomics
-// on the tile masks; 1 when one tile is held, to spread it over more warps).
+// on the tile masks; 1 when there are fewer than 16 steps a warp).
 template <int D>
 __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
     layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
@@ -103,14 +108,21 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
   const float* src = sel ? a.buf1 : a.buf0;
   float* dst = sel ? a.buf0 : a.buf1;
   u32* mask = a.masks + (a.k & 1) * a.max_tiles;
+  constexpr int LS = SPDNN_GROUP_LANE_SLOTS;
+  constexpr int SPLIT = GROUP_SLOTS / LS;  // quarter-warps per group
+  constexpr int GPW = 4 / SPLIT;  // groups per warp step
+  static_assert(LS % 4 == 0 && GROUP_SLOTS % LS == 0 && SPLIT <= 4, "lane slots: 4, 8 or 16");
   const int lane = threadIdx.x & 31, q = lane >> 3, r4 = (lane & 7) * 4;
-  const int steps_per_tile = n_groups >> 2;
+  const int s0 = (q % SPLIT) * LS;  // this lane's first slot
+  const int steps_per_tile = n_groups / GPW;
   const i64 n_steps = (i64)n_tiles * steps_per_tile;
   const i64 warp_id = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const i64 n_warps = (i64)gridDim.x * (blockDim.x >> 5);
   const uint4* gidx4 = reinterpret_cast<const uint4*>(gidx);
   const int4* gout4 = reinterpret_cast<const int4*>(gout);
   const float4* gw4 = reinterpret_cast<const float4*>(gw);
+  // Few steps a warp (late layers): one at a time, so that every warp has work.
+  if (n_steps < (i64)16 * n_warps) chunk = 1;
   for (i64 c = warp_id * chunk; c < n_steps; c += n_warps * chunk) {
     const i64 c_end = min(n_steps, c + chunk);
     int t_cur = (int)(c / steps_per_tile);
@@ -122,10 +134,11 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
         t_cur = t;
         alive = 0u;
       }
-      const int g = (int)(s - (i64)t * steps_per_tile) * 4 + q;
+      const int g = (int)(s - (i64)t * steps_per_tile) * GPW + q / SPLIT;
       const i64 tile_at = (i64)t * a.tstride + r4;
-      alive |= group_rows4<D>(a, gidx4 + (i64)g * (D / 8), gout4 + (i64)g * (GROUP_SLOTS / 4),
-                              gw4 + (i64)g * (wstride / 4), src + tile_at, dst + tile_at)
+      alive |= group_rows4<D, LS>(a, gidx4 + (i64)g * (D / 8),
+                                  gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
+                                  gw4 + ((i64)g * wstride + s0) / 4, src + tile_at, dst + tile_at)
                << r4;
     }
     flush_alive(mask, t_cur, alive);

@@ -65,10 +65,18 @@ extern "C" __global__ void __launch_bounds__(256)
     const float* from = src + t * tstride + lane;
     float* to = dst + (i64)(s >> 5) * tstride + (s & 31);
     const int i0 = c * per, i1 = min(width, i0 + per);
-#pragma unroll 4
-    for (int i = i0; i < i1; ++i) {
-      const float v = __ldcs(from + (i64)i * 32);
-      if (alive) to[(i64)i * 32] = v;
+    // 16 loads in flight per lane before their stores (a copy is latency-bound
+    // otherwise); dead lanes load nothing.
+    for (int i = i0; i < i1; i += 16) {
+      float v[16];
+#pragma unroll
+      for (int q = 0; q < 16; ++q) {
+        v[q] = alive && i + q < i1 ? __ldcs(from + (i64)(i + q) * 32) : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 16; ++q) {
+        if (alive && i + q < i1) to[(i64)(i + q) * 32] = v[q];
+      }
     }
   }
   if (last_block_done(state) && threadIdx.x == 0) {

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                 for want in (False, True):
                     median, _, res = time_inference(network, rows, backend, args.repeat,
                                                     want_features=want)
-                    layers_us = [round(s * 1e6, 1) for s in (res.layer_seconds or [])]
+                    seconds = [] if res.layer_seconds is None else res.layer_seconds
+                    layers_us = [round(float(s) * 1e6, 1) for s in seconds]
                     row = {"sparsity": entry.get("sparsity"), "variant": variant,
                            "features": want, "ms": round(median * 1e3, 3),
                            "layer_us": layers_us, "kernels": kernels}

@@ -202,7 +202,7 @@ class CudaBackend:
             keep += [groups.indices, groups.out_ids, groups.weights]
             head = (np.int32(groups.n_groups), groups.indices, groups.out_ids, groups.weights,
                     np.int32(groups.wstride))
-            extra: tuple = (*head, np.int32(GROUP_CHUNK))
+            extra: tuple = (*head, np.int32(self._defines.get("SPDNN_GROUP_CHUNK", GROUP_CHUNK)))
             extra_held = (*head, np.int32(1))
         elif plan.is_ell:
             extra = lay.ell_layout(layer, cp)

@@ -1,0 +1,42 @@
+"""A few challenge layers on the CUDA backend without graphs, for a profiler.
+
+    ncu --kernel-name regex:layer_ python tools/profile_layers.py --n 4096 --layers 6
+
+Builds the RadiX-Net network and 60000 MNIST-derived inputs the benchmarks
+use, runs once to warm up (compilation), then once more: the kernels of the
+second run are the ones to look at (skip the first run's launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=4096, help="neurons per layer")
+    p.add_argument("--layers", type=int, default=6, help="layers")
+    p.add_argument("--images", type=int, default=60000, help="input images")
+    p.add_argument("--variant", default="auto", help="CUDA kernel variant")
+    args = p.parse_args(argv)
+
+    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.engine import run_inference
+    from spdnn_mpi.generators.radixnet import radixnet_network
+    from spdnn_mpi.peers.gpu import suite_inputs
+
+    net = radixnet_network(args.n, args.layers)
+    rows = suite_inputs(args.n, args.images, None)
+    backend = CudaBackend(variant=args.variant, graphs=False)
+    backend.load_network(net.layers)
+    for run in ("warm-up", "profiled"):
+        t0 = time.perf_counter()
+        res = run_inference(net, rows, backend)
+        print(f"{run}: {time.perf_counter() - t0:.3f} s, live {res.live_per_layer.tolist()}, "
+              f"layers (us) {[round(s * 1e6) for s in res.layer_seconds]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
