@@ -25,6 +25,8 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GROUP_THREADS": 256,
     "SPDNN_GROUP_MIN_BLOCKS": 2,
     "SPDNN_GROUP_BATCH": 8,
+    "SPDNN_GROUP_PIPE": 1,  # the grouped layers' loads pipelined through shared memory
+    "SPDNN_GROUP_STAGES": 3,
 }
 #: Warp steps a warp of the grouped kernel takes in a row (host-side: a kernel argument).
 GROUP_CHUNK = 4
@@ -66,7 +68,8 @@ def kernel_names(degrees: set[int]) -> list[str]:
     for d in sorted(degrees | {32}):
         names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
                   for rows in (0, *lay.ELL_ROWS)]
-    names += [f"layer_group<{d}>" for d in sorted(degrees | {32})]
+    names += [f"{k}<{d}>" for d in sorted(degrees | {32}) for k in ("layer_group",
+                                                                     "layer_group_pipe")]
     for smem in ("true", "false"):
         for vals in ("true", "false"):
             names.append(f"layer_csr4<{smem},{vals}>")
