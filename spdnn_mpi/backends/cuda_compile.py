@@ -28,8 +28,9 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GROUP_PIPE": 1,  # the grouped layers' loads pipelined through shared memory
     "SPDNN_GROUP_STAGES": 3,
 }
-#: Warp steps a warp of the grouped kernel takes in a row (host-side: a kernel argument).
-GROUP_CHUNK = 4
+#: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
+#: measured best on the H200: the warps then cover about two tiles, which stay in L2).
+GROUP_CHUNK = 1
 
 #: Compiled modules, memoised by (device id, source digest).
 _MODULES: dict[tuple[int, str], Any] = {}
