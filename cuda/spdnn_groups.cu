@@ -96,7 +96,8 @@ __device__ __forceinline__ void flush_alive(u32* mask, int t, u32 alive) {
 // gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
 // wstride: floats from one group's block to the next (0: one shared block),
 // chunk: consecutive warp steps a warp takes before striding on (fewer atomics
-// on the tile masks; 1 when there are fewer than 16 steps a warp).
+// on the tile masks, but the warps then spread over more tiles at once: 1 was
+// measured best, docs/performance.md).
 template <int D>
 __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
     layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
@@ -121,8 +122,6 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
   const uint4* gidx4 = reinterpret_cast<const uint4*>(gidx);
   const int4* gout4 = reinterpret_cast<const int4*>(gout);
   const float4* gw4 = reinterpret_cast<const float4*>(gw);
-  // Few steps a warp (late layers): one at a time, so that every warp has work.
-  if (n_steps < (i64)16 * n_warps) chunk = 1;
   for (i64 c = warp_id * chunk; c < n_steps; c += n_warps * chunk) {
     const i64 c_end = min(n_steps, c + chunk);
     int t_cur = (int)(c / steps_per_tile);
@@ -143,130 +142,5 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
     }
     flush_alive(mask, t_cur, alive);
   }
-  finish_layer(a);
-}
-
-// The grouped layer with its input loads pipelined through shared memory: a
-// warp walks its (step, batch of B inputs) items, and cp.async keeps the next
-// STAGES - 1 batches in flight while it multiplies the current one, so the
-// loads in flight no longer cost registers (the plain kernel waits a memory
-// latency per batch at 4 warps a scheduler, its register limit). Each lane
-// copies and reads only its own 16-byte slots, so no barrier is needed. One
-// step a warp at a time (chunk 1). Same sums in the same order as layer_group.
-#ifndef SPDNN_GROUP_STAGES
-#define SPDNN_GROUP_STAGES 3
-#endif
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-template <int D>
-__global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
-    layer_group_pipe(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
-                     const int* __restrict__ gout, const float* __restrict__ gw, int wstride,
-                     int chunk) {
-  LAYER_ARGS;
-  constexpr int B = 8;  // inputs a batch: one uint4 of indices
-  constexpr int NB = D / B;
-  constexpr int S = SPDNN_GROUP_STAGES;
-  constexpr int LS = SPDNN_GROUP_LANE_SLOTS;
-  constexpr int SPLIT = GROUP_SLOTS / LS;
-  constexpr int GPW = 4 / SPLIT;
-  static_assert(D % B == 0 && S >= 2, "degree a multiple of 8, at least 2 stages");
-  extern __shared__ float4 ring4[];
-  const int n_tiles = ld_state(a.state, ST_TILES);
-  const int sel = ld_state(a.state, ST_SEL);
-  const float* src = sel ? a.buf1 : a.buf0;
-  float* dst = sel ? a.buf0 : a.buf1;
-  u32* mask = a.masks + (a.k & 1) * a.max_tiles;
-  const int lane = threadIdx.x & 31, q = lane >> 3, r4 = (lane & 7) * 4;
-  const int s0 = (q % SPLIT) * LS;
-  const int steps_per_tile = n_groups / GPW;
-  const i64 n_steps = (i64)n_tiles * steps_per_tile;
-  const i64 warp_id = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const i64 n_warps = (i64)gridDim.x * (blockDim.x >> 5);
-  // this warp's ring: S stages x B inputs x 32 lanes of float4
-  float4* ring = ring4 + (threadIdx.x >> 5) * (S * B * 32) + lane;
-  const uint4* gidx4 = reinterpret_cast<const uint4*>(gidx);
-  const int4* gout4 = reinterpret_cast<const int4*>(gout);
-  const float4* gw4 = reinterpret_cast<const float4*>(gw);
-  (void)chunk;
-  const i64 my_steps = warp_id < n_steps ? (n_steps - 1 - warp_id) / n_warps + 1 : 0;
-  const i64 n_items = my_steps * NB;
-  // Issue the copies of item i (step warp_id + (i / NB) * n_warps, batch i % NB).
-  auto issue = [&](i64 i) {
-    if (i < n_items) {
-      const i64 s = warp_id + (i / NB) * n_warps;
-      const int t = (int)(s / steps_per_tile);
-      const int g = (int)(s - (i64)t * steps_per_tile) * GPW + q / SPLIT;
-      const float* xq = src + (i64)t * a.tstride + r4;
-      const uint4 iv = __ldg(gidx4 + (i64)g * NB + (int)(i % NB));
-      const u32 w[4] = {iv.x, iv.y, iv.z, iv.w};
-      float4* slot = ring + (int)(i % S) * (B * 32);
-#pragma unroll
-      for (int p = 0; p < B; ++p) {
-        const u32 idx = (p & 1) ? (w[p / 2] >> 16) : (w[p / 2] & 0xffffu);
-        cp_async16(slot + p * 32, xq + idx * 32);
-      }
-    }
-    cp_async_commit();  // an empty group past the end keeps the count uniform
-  };
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) issue(i);
-  float4 acc[LS];
-  for (i64 i = 0; i < n_items; ++i) {
-    issue(i + S - 1);
-    cp_async_wait_group<S - 1>();
-    const int b = (int)(i % NB);
-    if (b == 0) {
-#pragma unroll
-      for (int o = 0; o < LS; ++o) acc[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    const i64 s = warp_id + (i / NB) * n_warps;
-    const int t = (int)(s / steps_per_tile);
-    const int g = (int)(s - (i64)t * steps_per_tile) * GPW + q / SPLIT;
-    const float4* wp = gw4 + ((i64)g * wstride + s0) / 4;
-    const float4* slot = ring + (int)(i % S) * (B * 32);
-#pragma unroll
-    for (int p = 0; p < B; ++p) {
-      const float4 x = slot[p * 32];
-      const float4* wk = wp + (b * B + p) * (GROUP_SLOTS / 4);
-#pragma unroll
-      for (int qq = 0; qq < LS / 4; ++qq) {
-        const float4 w = __ldg(wk + qq);
-        const float ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float4& c = acc[qq * 4 + e];
-          c.x = fmaf(ws[e], x.x, c.x);
-          c.y = fmaf(ws[e], x.y, c.y);
-          c.z = fmaf(ws[e], x.z, c.z);
-          c.w = fmaf(ws[e], x.w, c.w);
-        }
-      }
-    }
-    if (b == NB - 1) {
-      const int4* op = gout4 + ((i64)g * GROUP_SLOTS + s0) / 4;
-      float* out = dst + (i64)t * a.tstride + r4;
-      u32 alive = 0u;
-#pragma unroll
-      for (int qq = 0; qq < LS / 4; ++qq) {
-        const int4 o4 = __ldg(op + qq);
-        const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (ids[e] >= 0) alive |= store_rows4(acc[qq * 4 + e], ids[e], a, out);
-        }
-      }
-      flush_alive(mask, t, alive << r4);
-    }
-  }
-  cp_async_wait_group<0>();
   finish_layer(a);
 }

@@ -306,8 +306,10 @@ def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, valu
     if not values:
         _, ref = reference_infer(net, rows)
         assert np.array_equal(res.features, ref)
-    # the loads pipelined through shared memory or not: the same sums, bit for bit
-    plain = _backend(variant="group", defines={"SPDNN_GROUP_PIPE": 0})
+    # 16 slots a lane, warps taking 4 steps in a row: another split, the same sums
+    plain = _backend(variant="group", defines={"SPDNN_GROUP_CHUNK": 4,
+                                               "SPDNN_GROUP_LANE_SLOTS": 16,
+                                               "SPDNN_GROUP_MIN_BLOCKS": 2})
     plain.load_network(net.layers)
     again = run_inference(net, rows, plain, want_features=True)
     assert np.array_equal(again.alive_ids, res.alive_ids)

@@ -21,7 +21,6 @@ trap 'rm -rf "$work"' EXIT
   done; done
   for d in 8 16 32 64; do
     echo "template __global__ void layer_group<$d>(P, int, const u16*, const int*, const float*, int, int);"
-    echo "template __global__ void layer_group_pipe<$d>(P, int, const u16*, const int*, const float*, int, int);"
   done
   for smem in true false; do for vals in true false; do
     echo "template __global__ void layer_csr4<$smem,$vals>(P, const int2*, const u16*, const float*);"

@@ -189,10 +189,6 @@ class CudaBackend:
             groups = lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-        if groups is not None and self._defines["SPDNN_GROUP_PIPE"]:
-            ring = (self._defines["SPDNN_GROUP_THREADS"] // 32) * self._defines[
-                "SPDNN_GROUP_STAGES"] * 8 * 32 * 16  # warps x stages x 8 inputs x 32 lanes x 16 B
-            plan = lay.LayerPlan("group", f"layer_group_pipe<{plan.degree}>", plan.degree, ring)
         kern = self._mod.get_function(plan.kernel)
         if plan.smem_bytes > 48 * 1024:
             kern.max_dynamic_shared_size_bytes = plan.smem_bytes

@@ -23,10 +23,11 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_COMPACT_DIV": 10,
     "SPDNN_CP_ASYNC": 1,
     "SPDNN_GROUP_THREADS": 256,
-    "SPDNN_GROUP_MIN_BLOCKS": 2,
+    # 8 slots a lane at 3 blocks an SM (80 registers): 6 % faster than 16 slots at 2
+    # blocks at N = 1024, equal at 4096 and 65536 (H200, docs/performance.md)
+    "SPDNN_GROUP_LANE_SLOTS": 8,
+    "SPDNN_GROUP_MIN_BLOCKS": 3,
     "SPDNN_GROUP_BATCH": 8,
-    "SPDNN_GROUP_PIPE": 1,  # the grouped layers' loads pipelined through shared memory
-    "SPDNN_GROUP_STAGES": 3,
 }
 #: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
@@ -69,8 +70,7 @@ def kernel_names(degrees: set[int]) -> list[str]:
     for d in sorted(degrees | {32}):
         names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
                   for rows in (0, *lay.ELL_ROWS)]
-    names += [f"{k}<{d}>" for d in sorted(degrees | {32}) for k in ("layer_group",
-                                                                     "layer_group_pipe")]
+    names += [f"layer_group<{d}>" for d in sorted(degrees | {32})]
     for smem in ("true", "false"):
         for vals in ("true", "false"):
             names.append(f"layer_csr4<{smem},{vals}>")
