@@ -159,15 +159,21 @@ class CudaBackend:
             "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
         }
 
+    def _threads(self, kind: str) -> int:
+        return self._defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
+                              "group": "SPDNN_GROUP_THREADS"}.get(kind, "SPDNN_GLOBAL_THREADS")]
+
     def _small_grids(self, layer: Layer, plan: lay.LayerPlan, kern, grid: int,
                      n_groups: int) -> dict:
-        """Rows held (one tile at most) -> (kernel, grid) of the compressed, converged layers."""
+        """Rows held (one tile at most) -> (kernel, grid, threads, shared memory) of the
+        compressed, converged layers."""
         small = {}
-        warps = self._defines["SPDNN_GROUP_THREADS"] // 32
+        if plan.kind == "group":  # layers with values: the same kernel over the one tile
+            warps = self._defines["SPDNN_GROUP_THREADS"] // 32
+            per_step = self._defines["SPDNN_GROUP_LANE_SLOTS"] // 4  # groups a warp step
+            g = max(1, min(grid, -(-n_groups // (per_step * warps))))
+            return {rows: (kern, g, self._threads("group"), 0) for rows in lay.ELL_ROWS}
         for rows in lay.ELL_ROWS:
-            if plan.kind == "group":  # the same kernel (same sums), one tile, one step a warp
-                small[rows] = (kern, max(1, min(grid, -(-n_groups // (4 * warps)))))
-                continue
             k_rows = kern
             if plan.is_ell:
                 k_rows = self._mod.get_function(lay.ell_kernel(plan.kind, plan.degree, rows))
@@ -178,7 +184,7 @@ class CudaBackend:
             steps = -(-layer.n_out // (128 // rows))
             g = (max(1, min(grid, steps // 16)) if plan.kind in ("smem32", "csr4_smem")
                  else min(grid, max(self.sms, -(-steps // 16))))
-            small[rows] = (k_rows, g)
+            small[rows] = (k_rows, g, self._threads(plan.kind), plan.smem_bytes)
         return small
 
     def _layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int) -> dict:
@@ -192,9 +198,7 @@ class CudaBackend:
         kern = self._mod.get_function(plan.kernel)
         if plan.smem_bytes > 48 * 1024:
             kern.max_dynamic_shared_size_bytes = plan.smem_bytes
-        threads = self._defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
-                                 "group": "SPDNN_GROUP_THREADS"}.get(plan.kind,
-                                                                    "SPDNN_GLOBAL_THREADS")]
+        threads = self._threads(plan.kind)
         grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
         keep: list = []  # device arrays the launch arguments point to
         extra_held = None
@@ -220,6 +224,22 @@ class CudaBackend:
                 vals = cp.zeros(1, dtype=np.float32)
             keep += [ptr, idx, vals]
             extra = (ptr, idx, vals)
+        small = self._small_grids(layer, plan, kern, grid,
+                                  groups.n_groups if groups is not None else 0)
+        if groups is not None and layer.values is None:
+            # Uniform grouped layers: once one tile is held, the ELL kernels for at most
+            # 8/16/32 rows (one latency a layer; the grouped kernel waits four). Their
+            # sums are the grouped kernel's bit for bit (adds in CSR order, one scale).
+            ell = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
+            if ell.is_ell:
+                ell_kern = self._mod.get_function(ell.kernel)
+                if ell.smem_bytes > 48 * 1024:
+                    ell_kern.max_dynamic_shared_size_bytes = ell.smem_bytes
+                ell_grid = self.sms * self._blocks_per_sm(ell_kern, self._threads(ell.kind),
+                                                          ell.smem_bytes)
+                small = self._small_grids(layer, ell, ell_kern, ell_grid, 0)
+                extra_held = lay.ell_layout(layer, cp)
+                keep += list(extra_held)
         if layer.bias_is_scalar:
             bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
         else:
@@ -230,8 +250,7 @@ class CudaBackend:
         clip = np.float32(np.inf if layer.clip is None else layer.clip)
         return {
             "plan": plan, "kern": kern, "grid": grid, "threads": threads,
-            "small": self._small_grids(layer, plan, kern, grid,
-                                       groups.n_groups if groups is not None else 0),
+            "small": small,
             "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
             "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
                      bias_v, np.float32(layer.floor), clip),
@@ -325,8 +344,9 @@ class CudaBackend:
         drop = drop_dead and not held
         args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
                 np.int32(1 if drop else 0), *(L["extra_held"] if held else L["extra"]))
-        kern, grid = L["small"][held] if held else (L["kern"], L["grid"])
-        kern((grid,), (L["threads"],), args, shared_mem=L["plan"].smem_bytes)
+        kern, grid, threads, smem = (L["small"][held] if held else
+                                     (L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes))
+        kern((grid,), (threads,), args, shared_mem=smem)
         if drop:
             self._compact((self.sms * 8,), (256,),
                           (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
