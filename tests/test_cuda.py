@@ -168,6 +168,61 @@ def test_csr4_layout_aligns_each_output_and_keeps_csr_order(values):
         assert v.size == 1
 
 
+class _FakeKernel:
+    def __init__(self, name):
+        self.name, self.num_regs, self.shared_size_bytes = name, 80, 0
+        self.max_dynamic_shared_size_bytes = 0
+
+
+class _FakeModule:
+    def get_function(self, name):
+        return _FakeKernel(name)
+
+
+def _planning_backend():
+    """A CudaBackend whose layouts are built with NumPy and whose kernels are names:
+    the launch planning of ``_layer_entry`` without a GPU."""
+    from spdnn_mpi.backends.cuda import DEFAULT_DEFINES, CudaBackend
+
+    b = object.__new__(CudaBackend)
+    b._cp, b._mod, b._defines = np, _FakeModule(), dict(DEFAULT_DEFINES)
+    b.sms, b.variant = 132, "auto"
+    b._props = {"regsPerMultiprocessor": 65536, "maxThreadsPerMultiProcessor": 2048}
+    b._smem_sm = 233472
+    return b
+
+
+@pytest.mark.parametrize("n,held_kernel", [(1024, "layer_ell_smem"), (4096, "layer_ell_global")])
+def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held_kernel):
+    """Direct layers on the grouped kernel; once one tile is held, the ELL kernels for
+    8/16/32 rows with the ELL layout (their sums are the grouped kernel's)."""
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    limit = 227 * 1024
+    layer = radixnet_network(n, 1).layers[0]
+    entry = _planning_backend()._layer_entry(layer, lay.plan_layer(layer, limit), limit)
+    assert entry["kern"].name == "layer_group<32>" and entry["plan"].kind == "group"
+    for rows, (kern, grid, threads, smem) in entry["small"].items():
+        assert kern.name == f"{held_kernel}<32,{rows},true>" and grid >= 1
+        assert threads == (512 if held_kernel == "layer_ell_smem" else 256)
+        assert smem == (n * 32 * 4 if held_kernel == "layer_ell_smem" else 0)
+    idx, out_ids = entry["extra_held"]
+    ref_idx, ref_out = lay.ell_layout(layer)
+    assert np.array_equal(idx, ref_idx) and np.array_equal(out_ids, ref_out)
+
+
+def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    limit = 227 * 1024
+    base = radixnet_network(1024, 1).layers[0]
+    values = np.random.default_rng(0).normal(size=base.nnz).astype(np.float32)
+    layer = Layer(base.n_in, base.n_out, base.indptr, base.indices, values, None, -0.3, 32.0)
+    entry = _planning_backend()._layer_entry(layer, lay.plan_layer(layer, limit), limit)
+    assert {k.name for k, *_ in entry["small"].values()} == {"layer_group<32>"}
+    assert entry["extra_held"][:5] == entry["extra"][:5] and entry["extra_held"][-1] == 1
+
+
 def test_locality_order_puts_equal_input_sets_side_by_side():
     rng = np.random.default_rng(3)
     base = np.sort(np.stack([rng.choice(5000, 32, replace=False) for _ in range(50)]), axis=1)
