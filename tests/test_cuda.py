@@ -125,6 +125,15 @@ def test_group_layout_covers_every_output_once(n_in, n_out, degree, max_group, v
     assert gl.fill == pytest.approx(n_out / (used * lay.GROUP_SLOTS))
 
 
+@pytest.mark.parametrize("values", [True, False])
+def test_ell_from_groups_is_an_ell_layout(values):
+    rng = np.random.default_rng(9)
+    layer = _block_layer(rng, 400, 333, 16, values=values, max_group=20)
+    idx, out_ids = lay.ell_from_groups(lay.group_layout(layer), 16)
+    assert np.array_equal(np.sort(out_ids), np.arange(333))
+    assert np.array_equal(idx.reshape(333, 16), layer.indices.reshape(333, 16)[out_ids])
+
+
 def test_group_layout_of_radixnet_layers_is_full():
     """RadiX-Net layers (the challenge's) are groups of 16 outputs sharing 32 inputs."""
     from spdnn_mpi.generators.radixnet import radixnet_network
@@ -207,8 +216,10 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
         assert threads == (512 if held_kernel == "layer_ell_smem" else 256)
         assert smem == (n * 32 * 4 if held_kernel == "layer_ell_smem" else 0)
     idx, out_ids = entry["extra_held"]
-    ref_idx, ref_out = lay.ell_layout(layer)
-    assert np.array_equal(idx, ref_idx) and np.array_equal(out_ids, ref_out)
+    assert idx.dtype == np.uint16 and out_ids.dtype == np.int32
+    assert np.array_equal(np.sort(out_ids), np.arange(n))  # every output once
+    rows = layer.indices.reshape(n, 32)
+    assert np.array_equal(idx.reshape(n, 32), rows[out_ids])  # its own inputs, CSR order
 
 
 def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():

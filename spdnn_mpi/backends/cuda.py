@@ -238,7 +238,7 @@ class CudaBackend:
                 ell_grid = self.sms * self._blocks_per_sm(ell_kern, self._threads(ell.kind),
                                                           ell.smem_bytes)
                 small = self._small_grids(layer, ell, ell_kern, ell_grid, 0)
-                extra_held = lay.ell_layout(layer, cp)
+                extra_held = lay.ell_from_groups(groups, layer.row_degree, cp)
                 keep += list(extra_held)
         if layer.bias_is_scalar:
             bias_s, bias_v = np.float32(layer.bias), np.uint64(0)

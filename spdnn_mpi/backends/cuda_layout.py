@@ -234,6 +234,17 @@ def group_layout(layer: Layer, xp=np) -> GroupLayout:
                        wstride, fill)
 
 
+def ell_from_groups(groups: GroupLayout, degree: int, xp=np) -> tuple:
+    """(indices, out_ids) in the form of ``ell_layout``, taken from a group layout on
+    the device it lives on: slots run group by group (members of a group side by
+    side, groups by their first input), each with its group's inputs, which are
+    its own in CSR order. Saves a second grouping pass and upload per layer."""
+    out = groups.out_ids.reshape(groups.n_groups, GROUP_SLOTS)
+    g, slot = xp.nonzero(out >= 0)
+    indices = groups.indices.reshape(groups.n_groups, degree)[g]
+    return xp.ascontiguousarray(indices).reshape(-1), out[g, slot].astype(xp.int32)
+
+
 def csr4_layout(layer: Layer, xp=np) -> tuple:
     """(spans, indices, values) the CSR4 kernel reads: output j's entries start
     at spans[j, 0], a multiple of 8, and number spans[j, 1]; the gaps are index
