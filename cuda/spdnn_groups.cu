@@ -15,18 +15,21 @@
 // A lane holds 4 consecutive rows of a tile (float4) and computes LS slots
 // (SPDNN_GROUP_LANE_SLOTS) of one group: 8 lanes a group and 4 groups a warp
 // step with LS = 16, 16 lanes and 2 groups with LS = 8 (their loads of the
-// same inputs are one request). The host pads the group count to a multiple of 4. Units run tile-major, so the groups that read one
-// input line of a tile run close together and the second read hits in L2.
+// same inputs are one request). The host pads the group count to a multiple
+// of 4. Units run tile-major, so the groups that read one input line of a tile
+// run close together and the second read hits in L2. Once one tile of
+// compressed rows is held, uniform layers run the few-row ELL kernels instead
+// (the same sums; cuda.py), layers with values this kernel over that tile.
 #include "spdnn_layer.cuh"
 
 #ifndef SPDNN_GROUP_THREADS
 #define SPDNN_GROUP_THREADS 256
 #endif
 #ifndef SPDNN_GROUP_MIN_BLOCKS
-#define SPDNN_GROUP_MIN_BLOCKS 2  // blocks per SM the register budget must allow (128 registers)
+#define SPDNN_GROUP_MIN_BLOCKS 3  // blocks per SM the register budget must allow (3: 80 registers)
 #endif
 #ifndef SPDNN_GROUP_LANE_SLOTS
-#define SPDNN_GROUP_LANE_SLOTS 16  // slots a lane computes: 16 (a group per 8 lanes) or 8 (per 16)
+#define SPDNN_GROUP_LANE_SLOTS 8  // slots a lane computes: 8 (a group per 16 lanes) or 16 (per 8)
 #endif
 #ifndef SPDNN_GROUP_BATCH
 #define SPDNN_GROUP_BATCH 8  // input loads issued per lane before their multiply-adds
