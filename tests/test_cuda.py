@@ -188,17 +188,13 @@ class _FakeModule:
         return _FakeKernel(name)
 
 
-def _planning_backend():
-    """A CudaBackend whose layouts are built with NumPy and whose kernels are names:
-    the launch planning of ``_layer_entry`` without a GPU."""
-    from spdnn_mpi.backends.cuda import DEFAULT_DEFINES, CudaBackend
+def _planning_launcher():
+    """The launch planning of the CUDA backend with NumPy layouts and kernels by name."""
+    from spdnn_mpi.backends.cuda import DEFAULT_DEFINES
+    from spdnn_mpi.backends.cuda_entry import Launcher
 
-    b = object.__new__(CudaBackend)
-    b._cp, b._mod, b._defines = np, _FakeModule(), dict(DEFAULT_DEFINES)
-    b.sms, b.variant = 132, "auto"
-    b._props = {"regsPerMultiprocessor": 65536, "maxThreadsPerMultiProcessor": 2048}
-    b._smem_sm = 233472
-    return b
+    return Launcher(np, _FakeModule(), dict(DEFAULT_DEFINES), 132, "auto",
+                    lambda kern, threads, smem: 2)
 
 
 @pytest.mark.parametrize("n,held_kernel", [(1024, "layer_ell_smem"), (4096, "layer_ell_global")])
@@ -209,7 +205,7 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
 
     limit = 227 * 1024
     layer = radixnet_network(n, 1).layers[0]
-    entry = _planning_backend()._layer_entry(layer, lay.plan_layer(layer, limit), limit)
+    entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
     assert entry["kern"].name == "layer_group<32>" and entry["plan"].kind == "group"
     for rows, (kern, grid, threads, smem) in entry["small"].items():
         assert kern.name == f"{held_kernel}<32,{rows},true>" and grid >= 1
@@ -222,6 +218,21 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
     assert np.array_equal(idx.reshape(n, 32), rows[out_ids])  # its own inputs, CSR order
 
 
+@pytest.mark.parametrize("n_in,kind,kernel", [(300, "csr4_smem", "layer_csr4<true,true>"),
+                                               (3000, "csr4_global", "layer_csr4<false,true>"),
+                                               (70000, "csr_global", "layer_csr<false,true,int>")])
+def test_launch_of_general_layers(n_in, kind, kernel):
+    rng = np.random.default_rng(n_in)
+    i = rng.integers(0, n_in, 400)
+    j = rng.integers(0, 50, 400)
+    layer = Layer.from_coo(i, j, rng.normal(size=400), n_in, 50)
+    limit = 227 * 1024
+    entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
+    assert entry["plan"].kind == kind and entry["kern"].name == kernel
+    assert entry["extra_held"] is entry["extra"] and len(entry["extra"]) == 3
+    assert {k.name for k, *_ in entry["small"].values()} == {kernel}
+
+
 def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():
     from spdnn_mpi.generators.radixnet import radixnet_network
 
@@ -229,7 +240,7 @@ def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():
     base = radixnet_network(1024, 1).layers[0]
     values = np.random.default_rng(0).normal(size=base.nnz).astype(np.float32)
     layer = Layer(base.n_in, base.n_out, base.indptr, base.indices, values, None, -0.3, 32.0)
-    entry = _planning_backend()._layer_entry(layer, lay.plan_layer(layer, limit), limit)
+    entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
     assert {k.name for k, *_ in entry["small"].values()} == {"layer_group<32>"}
     assert entry["extra_held"][:5] == entry["extra"][:5] and entry["extra_held"][-1] == 1
 

@@ -22,11 +22,11 @@ import numpy as np
 from spdnn_mpi.backends import cuda_layout as lay
 from spdnn_mpi.backends.cuda_compile import (  # noqa: F401 (import_cupy: used by callers)
     DEFAULT_DEFINES,
-    GROUP_CHUNK,
     compiled_module,
     import_cupy,
     kernel_names,
 )
+from spdnn_mpi.backends.cuda_entry import Launcher
 from spdnn_mpi.backends.cuda_merge import DeviceMerge
 from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
@@ -130,9 +130,11 @@ class CudaBackend:
         layout_bytes = 0
         width = 0
         self._layers = []
+        launcher = Launcher(cp, self._mod, self._defines, self.sms, self.variant,
+                            self._blocks_per_sm)
         with self._dev, self._stream:
             for layer, plan in zip(layers, plans):
-                entry = self._layer_entry(layer, plan, smem_limit)
+                entry = launcher.layer_entry(layer, plan, smem_limit)
                 kind = entry["plan"].kind
                 kinds[kind] = kinds.get(kind, 0) + 1
                 layout_bytes += sum(int(a.nbytes) for a in entry["keep"])
@@ -157,104 +159,6 @@ class CudaBackend:
             "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
             "compile_seconds": round(compile_s, 4),
             "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
-        }
-
-    def _threads(self, kind: str) -> int:
-        return self._defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
-                              "group": "SPDNN_GROUP_THREADS"}.get(kind, "SPDNN_GLOBAL_THREADS")]
-
-    def _small_grids(self, layer: Layer, plan: lay.LayerPlan, kern, grid: int,
-                     n_groups: int) -> dict:
-        """Rows held (one tile at most) -> (kernel, grid, threads, shared memory) of the
-        compressed, converged layers."""
-        small = {}
-        if plan.kind == "group":  # layers with values: the same kernel over the one tile
-            warps = self._defines["SPDNN_GROUP_THREADS"] // 32
-            per_step = self._defines["SPDNN_GROUP_LANE_SLOTS"] // 4  # groups a warp step
-            g = max(1, min(grid, -(-n_groups // (per_step * warps))))
-            return {rows: (kern, g, self._threads("group"), 0) for rows in lay.ELL_ROWS}
-        for rows in lay.ELL_ROWS:
-            k_rows = kern
-            if plan.is_ell:
-                k_rows = self._mod.get_function(lay.ell_kernel(plan.kind, plan.degree, rows))
-                if plan.smem_bytes > 48 * 1024:
-                    k_rows.max_dynamic_shared_size_bytes = plan.smem_bytes
-            # ~16 output steps per block: a staged tile serves 16 warps; through
-            # L1/L2 at least one block per SM, as many as the work fills
-            steps = -(-layer.n_out // (128 // rows))
-            g = (max(1, min(grid, steps // 16)) if plan.kind in ("smem32", "csr4_smem")
-                 else min(grid, max(self.sms, -(-steps // 16))))
-            small[rows] = (k_rows, g, self._threads(plan.kind), plan.smem_bytes)
-        return small
-
-    def _layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int) -> dict:
-        """Upload one layer's layout; its kernel, grids and launch arguments."""
-        cp = self._cp
-        groups = None
-        if plan.kind == "group":
-            groups = lay.group_layout(layer, cp)
-            if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
-                plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-        kern = self._mod.get_function(plan.kernel)
-        if plan.smem_bytes > 48 * 1024:
-            kern.max_dynamic_shared_size_bytes = plan.smem_bytes
-        threads = self._threads(plan.kind)
-        grid = self.sms * self._blocks_per_sm(kern, threads, plan.smem_bytes)
-        keep: list = []  # device arrays the launch arguments point to
-        extra_held = None
-        if groups is not None:
-            keep += [groups.indices, groups.out_ids, groups.weights]
-            head = (np.int32(groups.n_groups), groups.indices, groups.out_ids, groups.weights,
-                    np.int32(groups.wstride))
-            extra: tuple = (*head, np.int32(self._defines.get("SPDNN_GROUP_CHUNK", GROUP_CHUNK)))
-            extra_held = (*head, np.int32(1))
-        elif plan.is_ell:
-            extra = lay.ell_layout(layer, cp)
-            keep += list(extra)
-        elif plan.kind.startswith("csr4"):
-            extra = lay.csr4_layout(layer, cp)
-            keep += list(extra)
-        else:
-            ptr = cp.asarray(np.asarray(layer.indptr, dtype=np.int32))
-            itype = np.uint16 if "u16" in plan.kernel else np.int32
-            idx = cp.asarray(np.asarray(layer.indices, dtype=itype))
-            if layer.values is not None:
-                vals = cp.asarray(np.asarray(layer.values, dtype=np.float32))
-            else:
-                vals = cp.zeros(1, dtype=np.float32)
-            keep += [ptr, idx, vals]
-            extra = (ptr, idx, vals)
-        small = self._small_grids(layer, plan, kern, grid,
-                                  groups.n_groups if groups is not None else 0)
-        if groups is not None and layer.values is None:
-            # Uniform grouped layers: once one tile is held, the ELL kernels for at most
-            # 8/16/32 rows (one latency a layer; the grouped kernel waits four). Their
-            # sums are the grouped kernel's bit for bit (adds in CSR order, one scale).
-            ell = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
-            if ell.is_ell:
-                ell_kern = self._mod.get_function(ell.kernel)
-                if ell.smem_bytes > 48 * 1024:
-                    ell_kern.max_dynamic_shared_size_bytes = ell.smem_bytes
-                ell_grid = self.sms * self._blocks_per_sm(ell_kern, self._threads(ell.kind),
-                                                          ell.smem_bytes)
-                small = self._small_grids(layer, ell, ell_kern, ell_grid, 0)
-                extra_held = lay.ell_from_groups(groups, layer.row_degree, cp)
-                keep += list(extra_held)
-        if layer.bias_is_scalar:
-            bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
-        else:
-            bias_s = np.float32(0.0)
-            bias_v = cp.asarray(np.asarray(layer.bias, dtype=np.float32))
-            keep.append(bias_v)
-        scale = np.float32(1.0 if layer.values is not None else layer.uniform_value)
-        clip = np.float32(np.inf if layer.clip is None else layer.clip)
-        return {
-            "plan": plan, "kern": kern, "grid": grid, "threads": threads,
-            "small": small,
-            "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
-            "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
-                     bias_v, np.float32(layer.floor), clip),
-            "extra": extra, "extra_held": extra_held or extra,
         }
 
     # -- features ------------------------------------------------------------
