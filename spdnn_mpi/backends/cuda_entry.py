@@ -36,6 +36,19 @@ class Launcher:
         return self.defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
                               "group": "SPDNN_GROUP_THREADS"}.get(kind, "SPDNN_GLOBAL_THREADS")]
 
+    def kernel(self, name: str, smem_bytes: int):
+        """A kernel of the module, allowed ``smem_bytes`` of dynamic shared memory."""
+        kern = self.mod.get_function(name)
+        if smem_bytes > 48 * 1024:
+            kern.max_dynamic_shared_size_bytes = smem_bytes
+        return kern
+
+    def launch(self, plan: lay.LayerPlan) -> tuple:
+        """(kernel, grid, threads) of ``plan``'s whole-tile form: as many blocks as fit."""
+        kern = self.kernel(plan.kernel, plan.smem_bytes)
+        threads = self.threads(plan.kind)
+        return kern, self.sms * self.blocks_per_sm(kern, threads, plan.smem_bytes), threads
+
     def small_grids(self, layer: Layer, plan: lay.LayerPlan, kern, grid: int,
                     n_groups: int) -> dict:
         """Rows held (one tile at most) -> (kernel, grid, threads, shared memory) of the
@@ -49,9 +62,7 @@ class Launcher:
         for rows in lay.ELL_ROWS:
             k_rows = kern
             if plan.is_ell:
-                k_rows = self.mod.get_function(lay.ell_kernel(plan.kind, plan.degree, rows))
-                if plan.smem_bytes > 48 * 1024:
-                    k_rows.max_dynamic_shared_size_bytes = plan.smem_bytes
+                k_rows = self.kernel(lay.ell_kernel(plan.kind, plan.degree, rows), plan.smem_bytes)
             # ~16 output steps per block: a staged tile serves 16 warps; through
             # L1/L2 at least one block per SM, as many as the work fills
             steps = -(-layer.n_out // (128 // rows))
@@ -68,11 +79,7 @@ class Launcher:
             groups = lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-        kern = self.mod.get_function(plan.kernel)
-        if plan.smem_bytes > 48 * 1024:
-            kern.max_dynamic_shared_size_bytes = plan.smem_bytes
-        threads = self.threads(plan.kind)
-        grid = self.sms * self.blocks_per_sm(kern, threads, plan.smem_bytes)
+        kern, grid, threads = self.launch(plan)
         keep: list = []  # device arrays the launch arguments point to
         extra_held = None
         if groups is not None:
@@ -97,22 +104,20 @@ class Launcher:
                 vals = cp.zeros(1, dtype=np.float32)
             keep += [ptr, idx, vals]
             extra = (ptr, idx, vals)
-        small = self.small_grids(layer, plan, kern, grid,
-                                  groups.n_groups if groups is not None else 0)
+        # Uniform grouped layers: once one tile is held, the ELL kernels for at most
+        # 8/16/32 rows (one latency a layer; the grouped kernel waits four). Their
+        # sums are the grouped kernel's bit for bit (adds in CSR order, one scale).
+        held = None
         if groups is not None and layer.values is None:
-            # Uniform grouped layers: once one tile is held, the ELL kernels for at most
-            # 8/16/32 rows (one latency a layer; the grouped kernel waits four). Their
-            # sums are the grouped kernel's bit for bit (adds in CSR order, one scale).
-            ell = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
-            if ell.is_ell:
-                ell_kern = self.mod.get_function(ell.kernel)
-                if ell.smem_bytes > 48 * 1024:
-                    ell_kern.max_dynamic_shared_size_bytes = ell.smem_bytes
-                ell_grid = self.sms * self.blocks_per_sm(ell_kern, self.threads(ell.kind),
-                                                          ell.smem_bytes)
-                small = self.small_grids(layer, ell, ell_kern, ell_grid, 0)
-                extra_held = lay.ell_from_groups(groups, layer.row_degree, cp)
-                keep += list(extra_held)
+            held = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
+        if held is not None and held.is_ell:
+            held_kern, held_grid, _ = self.launch(held)
+            small = self.small_grids(layer, held, held_kern, held_grid, 0)
+            extra_held = lay.ell_from_groups(groups, layer.row_degree, cp)
+            keep += list(extra_held)
+        else:
+            small = self.small_grids(layer, plan, kern, grid,
+                                     groups.n_groups if groups is not None else 0)
         if layer.bias_is_scalar:
             bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
         else:
