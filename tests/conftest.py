@@ -1,4 +1,4 @@
-"""Shared fixtures: random networks and the location of the real challenge data."""
+"""Shared fixtures: random networks and stores, and the location of the real challenge data."""
 
 from __future__ import annotations
 
@@ -73,3 +73,24 @@ def random_inputs(rng: np.random.Generator, n_rows: int, n_cols: int, density: f
     if not binary:
         dense *= rng.uniform(0.1, 2.0, dense.shape).astype(np.float32)
     return SparseRows.from_dense(dense)
+
+
+def write_random_store(path, *, seed: int = 21, n_images: int = 301, width: int = 48,
+                       n_layers: int = 4, provenance: dict | None = None,
+                       truth_layers: tuple[int, ...] = ()) -> tuple[Network, SparseRows]:
+    """A store of a random uniform network (``n_layers`` layers of ``width``) and binary
+    inputs, with the reference truth after all layers (then after each count in
+    ``truth_layers``); returns the network and the inputs."""
+    from spdnn_mpi.formats.store import StoreWriter
+    from spdnn_mpi.reference import reference_categories
+
+    rng = np.random.default_rng(seed)
+    net = random_network(rng, [width] * (n_layers + 1), 0.2, uniform=True)
+    rows = random_inputs(rng, n_images, width, 0.25)
+    with StoreWriter(path, provenance) as w:
+        for layer in net.layers:
+            w.add_layer(layer)
+        w.write_inputs(rows)
+        for k in (n_layers, *truth_layers):
+            w.add_truth(k, reference_categories(net.truncated(k), rows), "reference")
+    return net, rows

@@ -10,25 +10,16 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import write_random_store
 
 from spdnn_mpi.cli import main
-from spdnn_mpi.formats.store import StoreWriter
 from spdnn_mpi.reference import reference_categories
 
 
 @pytest.fixture
 def small_store(tmp_path):
-    rng = np.random.default_rng(21)
-    net = random_network(rng, [48] * 5, 0.2, uniform=True)
-    rows = random_inputs(rng, 301, 48, 0.25)
     path = tmp_path / "store.h5"
-    with StoreWriter(path, {"test": True}) as w:
-        for layer in net.layers:
-            w.add_layer(layer)
-        w.write_inputs(rows)
-        w.add_truth(4, reference_categories(net, rows), "reference")
-        w.add_truth(2, reference_categories(net.truncated(2), rows), "reference")
+    net, rows = write_random_store(path, provenance={"test": True}, truth_layers=(2,))
     return path, reference_categories(net, rows), reference_categories(net.truncated(2), rows)
 
 

@@ -12,13 +12,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import write_random_store
 
 from spdnn_mpi.comm import LAUNCHER_VARIABLES, launched_processes
-from spdnn_mpi.formats.store import StoreWriter
-from spdnn_mpi.reference import reference_categories
 
 FAILURES = {
     "runtime": 'raise RuntimeError("cannot load MPI library")',
@@ -46,15 +43,8 @@ def spdnn(env: dict, *argv: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def store(tmp_path):
-    rng = np.random.default_rng(21)
-    net = random_network(rng, [48] * 4, 0.2, uniform=True)
-    rows = random_inputs(rng, 200, 48, 0.25)
     path = tmp_path / "s.h5"
-    with StoreWriter(path) as w:
-        for layer in net.layers:
-            w.add_layer(layer)
-        w.write_inputs(rows)
-        w.add_truth(3, reference_categories(net, rows), "reference")
+    write_random_store(path, n_images=200, n_layers=3)
     return path
 
 

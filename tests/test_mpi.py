@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import random_inputs, random_network, write_random_store
 
 from spdnn_mpi.driver import RunOptions, distributed_infer
 from spdnn_mpi.errors import SpdnnError
@@ -29,15 +29,8 @@ def make_store(comm, tmp_path_factory, n_images: int, seed: int = 21):
     """Rank 0 writes a random store; every rank gets its path and the expected categories."""
     path = None
     if comm.Get_rank() == 0:
-        rng = np.random.default_rng(seed)
-        net = random_network(rng, [48, 48, 48, 48, 48], 0.2, uniform=True)
-        rows = random_inputs(rng, n_images, 48, 0.25)
         path = tmp_path_factory.mktemp("mpi") / "store.h5"
-        with StoreWriter(path) as w:
-            for layer in net.layers:
-                w.add_layer(layer)
-            w.write_inputs(rows)
-            w.add_truth(4, reference_categories(net, rows), "reference")
+        net, rows = write_random_store(path, seed=seed, n_images=n_images)
         expected = reference_categories(net, rows)
     else:
         expected = None

@@ -11,24 +11,16 @@ import time
 
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import random_inputs, random_network, write_random_store
 
 from spdnn_mpi.atomic import atomic_path, write_text_atomic
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.store import Store, StoreWriter
-from spdnn_mpi.reference import reference_categories
+from spdnn_mpi.formats.store import Store
 
 
-def make_store(path, seed=21, n_images=301, width=48):
-    rng = np.random.default_rng(seed)
-    net = random_network(rng, [width] * 5, 0.2, uniform=True)
-    rows = random_inputs(rng, n_images, width, 0.25)
-    with StoreWriter(path) as w:
-        for layer in net.layers:
-            w.add_layer(layer)
-        w.write_inputs(rows)
-        w.add_truth(4, reference_categories(net, rows), "reference")
+def make_store(path, seed=21, n_images=301):
+    write_random_store(path, seed=seed, n_images=n_images)
     return path
 
 
