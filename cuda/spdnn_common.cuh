@@ -35,7 +35,7 @@
 #define ST_TILES 1        // tiles in use = ceil(rows / 32)
 #define ST_SEL 2          // features are in buffer SEL (0 or 1)
 #define ST_POS_SEL 3      // row positions are in pos array POS_SEL
-#define ST_DO_COMPACT 4   // set by the plan, consumed by compact_rows
+#define ST_DO_COMPACT 4   // set by the plan, done by the next layer or compact_rows
 #define ST_NEW_ROWS 5     // rows alive after the last layer
 #define ST_DONE 6         // finished-block counter (last-block pattern)
 #define ST_DID_COMPACT 7  // the last layer was followed by a compaction
@@ -150,13 +150,21 @@ __device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int 
 // Run by all threads of the last block of a layer kernel: count live rows
 // (mask & valid), exclusive prefix of live rows over tiles into tile_base,
 // clear the other parity's masks for the next layer, record the count and
-// decide whether compact_rows should move the survivors.
+// decide whether the survivors move to dense tiles (ST_DO_COMPACT: the next
+// layer writes them there, or compact_rows moves them). ``took``: this layer
+// wrote the compaction the previous plan asked for, so its rows are the new ones.
 __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
-                           int* live_hist, u64* stamps, int k, int drop_dead) {
-  const int n_tiles = ld_state(state, ST_TILES);
-  const int n_rows = ld_state(state, ST_ROWS);
+                           int* live_hist, u64* stamps, int k, int drop_dead, bool took) {
+  const int n_rows = ld_state(state, took ? ST_NEW_ROWS : ST_ROWS);
+  const int n_tiles = (n_rows + 31) / 32;
   const int carry = tile_prefix(mask, next_mask, tile_base, n_tiles, n_rows);
   if (threadIdx.x == 0) {
+    if (took) {
+      state[ST_ROWS] = n_rows;
+      state[ST_TILES] = n_tiles;
+      state[ST_POS_SEL] ^= 1;
+      state[ST_COMPACTIONS] += 1;
+    }
     live_hist[k] = carry;
     const int new_tiles = (carry + 31) / 32;
     const int freed = n_tiles - new_tiles;
@@ -164,7 +172,7 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
     state[ST_DO_COMPACT] = compact;
     state[ST_NEW_ROWS] = carry;
     state[ST_DID_COMPACT] = 0;
-    if (!compact) state[ST_SEL] ^= 1;
+    state[ST_SEL] ^= 1;  // the output is current
     stamps[k + 1] = global_ns();
     __threadfence();
     state[ST_DONE] = 0;

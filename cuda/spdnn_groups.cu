@@ -36,13 +36,14 @@
 #endif
 #define GROUP_SLOTS 16
 
-// LS slots of one group for this lane's 4 rows (wp, op: at the first of them);
-// returns the rows' alive bits.
-template <int D, int LS>
+// LS slots of one group for this lane's 4 rows (wp, op: at the first of
+// them; xq: the rows' neuron 0), stored in place at out or, compacting, to
+// the rows' compacted slots in dst; returns the rows' alive bits.
+template <int D, int LS, bool COMPACT>
 __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
                                            const int4* __restrict__ op,
                                            const float4* __restrict__ wp, const float* xq,
-                                           float* out) {
+                                           float* out, const Rows4To& o, float* dst) {
   constexpr int B = D < SPDNN_GROUP_BATCH ? D : SPDNN_GROUP_BATCH;
   static_assert(B % 2 == 0 && D % B == 0 && D % 8 == 0, "degree must be a multiple of 8");
   float4 acc[LS];
@@ -77,36 +78,39 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
     }
   }
   u32 alive = 0u;
+  if constexpr (!COMPACT) {
 #pragma unroll
-  for (int q = 0; q < LS / 4; ++q) {
-    const int4 o4 = __ldg(op + q);
-    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+    for (int q = 0; q < LS / 4; ++q) {
+      const int4 o4 = __ldg(op + q);
+      const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (ids[e] >= 0) alive |= store_rows4(acc[q * 4 + e], ids[e], a, out);
+      for (int e = 0; e < 4; ++e) {
+        if (ids[e] >= 0) alive |= store_rows4(acc[q * 4 + e], ids[e], a, out);
+      }
+    }
+  } else {
+    float* p[4];
+    rows4_ptrs(o, dst, a.tstride, p);
+#pragma unroll
+    for (int q = 0; q < LS / 4; ++q) {
+      const int4 o4 = __ldg(op + q);
+      const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (ids[e] >= 0) alive |= store_rows4_at(acc[q * 4 + e], ids[e], a, p);
+      }
     }
   }
   return alive;
 }
 
-// ORs a warp's alive bits of tile t into the layer's mask (one atomic per warp).
-__device__ __forceinline__ void flush_alive(u32* mask, int t, u32 alive) {
-  alive = __reduce_or_sync(0xffffffffu, alive);
-  if ((threadIdx.x & 31) == 0 && alive) atomicOr(mask + t, alive);
-}
-
-// n_groups: a multiple of 4. gidx: n_groups x D u16 input ids (CSR order),
-// gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
-// wstride: floats from one group's block to the next (0: one shared block),
-// chunk: consecutive warp steps a warp takes before striding on (fewer atomics
-// on the tile masks, but the warps then spread over more tiles at once: 1 was
-// measured best, docs/performance.md).
-template <int D>
-__global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
-    layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
-                const int* __restrict__ gout, const float* __restrict__ gw, int wstride,
-                int chunk) {
-  LAYER_ARGS;
+// The kernel's walk over (tile, warp step) units, in place or compacting.
+template <int D, bool COMPACT>
+__device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction& cmp,
+                                           int n_groups, const u16* __restrict__ gidx,
+                                           const int* __restrict__ gout,
+                                           const float* __restrict__ gw, int wstride,
+                                           int chunk) {
   const int n_tiles = ld_state(a.state, ST_TILES);
   const int sel = ld_state(a.state, ST_SEL);
   const float* src = sel ? a.buf1 : a.buf0;
@@ -128,22 +132,47 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
   for (i64 c = warp_id * chunk; c < n_steps; c += n_warps * chunk) {
     const i64 c_end = min(n_steps, c + chunk);
     int t_cur = (int)(c / steps_per_tile);
-    u32 alive = 0u;
+    Rows4To o = rows4_to<COMPACT>(cmp, t_cur, r4);
+    u64 alive = 0ull;
     for (i64 s = c; s < c_end; ++s) {
       const int t = (int)(s / steps_per_tile);  // the same for the whole warp
       if (t != t_cur) {
-        flush_alive(mask, t_cur, alive);
+        flush_alive(mask, o.t0, alive);
         t_cur = t;
-        alive = 0u;
+        o = rows4_to<COMPACT>(cmp, t, r4);
+        alive = 0ull;
       }
-      const int g = (int)(s - (i64)t * steps_per_tile) * GPW + q / SPLIT;
+      const int step = (int)(s - (i64)t * steps_per_tile);
+      const int g = step * GPW + q / SPLIT;
+      if (COMPACT && step == 0 && q == 0) move_positions(cmp, o, t, r4);
       const i64 tile_at = (i64)t * a.tstride + r4;
-      alive |= group_rows4<D, LS>(a, gidx4 + (i64)g * (D / 8),
-                                  gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
-                                  gw4 + ((i64)g * wstride + s0) / 4, src + tile_at, dst + tile_at)
-               << r4;
+      alive |= alive_at(group_rows4<D, LS, COMPACT>(a, gidx4 + (i64)g * (D / 8),
+                                                    gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
+                                                    gw4 + ((i64)g * wstride + s0) / 4,
+                                                    src + tile_at, dst + tile_at, o, dst),
+                        o);
     }
-    flush_alive(mask, t_cur, alive);
+    flush_alive(mask, o.t0, alive);
   }
-  finish_layer(a);
+}
+
+// n_groups: a multiple of 4. gidx: n_groups x D u16 input ids (CSR order),
+// gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
+// wstride: floats from one group's block to the next (0: one shared block),
+// chunk: consecutive warp steps a warp takes before striding on (fewer atomics
+// on the tile masks, but the warps then spread over more tiles at once: 1 was
+// measured best, docs/performance.md).
+template <int D>
+__global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
+    layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
+                const int* __restrict__ gout, const float* __restrict__ gw, int wstride,
+                int chunk) {
+  LAYER_ARGS;
+  const Compaction cmp = compaction_of(a);
+  if (cmp.on) {
+    group_walk<D, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk);
+  } else {
+    group_walk<D, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk);
+  }
+  finish_layer(a, cmp.on);
 }

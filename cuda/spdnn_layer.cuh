@@ -23,6 +23,8 @@ struct LayerArgs {
   u64* stamps;
   int k;
   int drop_dead;
+  int* pos0;
+  int* pos1;
 };
 
 // Kernel parameters are passed flat (no struct crosses the host boundary) and
@@ -48,7 +50,9 @@ struct LayerArgs {
                        live_hist,                                                    \
                        stamps,                                                       \
                        k,                                                            \
-                       drop_dead}
+                       drop_dead,                                                    \
+                       reinterpret_cast<int*>(ptrs[P_POS0]),                         \
+                       reinterpret_cast<int*>(ptrs[P_POS1])}
 
 __device__ __forceinline__ float bias_of(int j, const LayerArgs& a) {
   return a.bias_v ? __ldg(a.bias_v + j) : a.bias_s;
@@ -63,20 +67,135 @@ __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) 
   return activate(acc, bias_of(j, a), a);
 }
 
-__device__ __forceinline__ void finish_layer(const LayerArgs& a) {
+// The plan of this layer (last block); ``took``: it wrote a pending
+// compaction (compact on write, below).
+__device__ __forceinline__ void finish_layer(const LayerArgs& a, bool took) {
   if (last_block_done(a.state)) {
     u32* mask = a.masks + (a.k & 1) * a.max_tiles;
     u32* next = a.masks + ((a.k + 1) & 1) * a.max_tiles;
-    block_plan(a.state, mask, next, a.tile_base, a.live_hist, a.stamps, a.k, a.drop_dead);
+    block_plan(a.state, mask, next, a.tile_base, a.live_hist, a.stamps, a.k, a.drop_dead, took);
   }
+}
+
+__device__ __forceinline__ float4 activate4(float4 acc, int j, const LayerArgs& a) {
+  const float b = bias_of(j, a);
+  return make_float4(activate(acc.x, b, a), activate(acc.y, b, a), activate(acc.z, b, a),
+                     activate(acc.w, b, a));
+}
+
+__device__ __forceinline__ u32 alive4(const float4 y) {
+  return (u32)(y.x != 0.0f) | (u32)(y.y != 0.0f) << 1 | (u32)(y.z != 0.0f) << 2 |
+         (u32)(y.w != 0.0f) << 3;
 }
 
 // Epilogue of 4 rows of output j, one 16-byte store; returns their alive bits.
 __device__ __forceinline__ u32 store_rows4(float4 acc, int j, const LayerArgs& a, float* out) {
-  const float b = bias_of(j, a);
-  const float4 y = make_float4(activate(acc.x, b, a), activate(acc.y, b, a),
-                               activate(acc.z, b, a), activate(acc.w, b, a));
+  const float4 y = activate4(acc, j, a);
   *reinterpret_cast<float4*>(out + (i64)j * 32) = y;
-  return (u32)(y.x != 0.0f) | (u32)(y.y != 0.0f) << 1 | (u32)(y.z != 0.0f) << 2 |
-         (u32)(y.w != 0.0f) << 3;
+  return alive4(y);
+}
+
+// Compaction on write. When the previous layer's plan asked for a compaction
+// (ST_DO_COMPACT), the kernels below (the grouped and the float4-row ones)
+// read their input rows in place and write each row that survived the
+// previous layer straight to its compacted slot, so no pass of its own moves
+// the survivors (the host launches compact_rows only before other kernels);
+// the layer's plan then takes the new row count (block_plan).
+struct Compaction {
+  bool on;
+  const u32* live;  // the previous layer's alive bits of the input tiles
+  const int* tile_base;  // compacted slot of each input tile's first survivor
+  const int* pos_from;
+  int* pos_to;
+  int n_rows;  // input rows (before the compaction)
+};
+
+__device__ __forceinline__ Compaction compaction_of(const LayerArgs& a) {
+  Compaction c;
+  c.on = ld_state(a.state, ST_DO_COMPACT) != 0;
+  c.live = a.masks + ((a.k + 1) & 1) * a.max_tiles;
+  c.tile_base = a.tile_base;
+  const int pos_sel = ld_state(a.state, ST_POS_SEL);
+  c.pos_from = pos_sel ? a.pos1 : a.pos0;
+  c.pos_to = pos_sel ? a.pos0 : a.pos1;
+  c.n_rows = ld_state(a.state, ST_ROWS);
+  return c;
+}
+
+// Where a lane's 4 rows (r4 .. r4 + 3) of input tile t go. In place: at
+// row r4 of tile t of the output (t0 = t, first = 32 t + r4, live = all);
+// compacting: the rows of ``live`` go to slots first, first + 1, ... and t0
+// is the output tile of the input tile's first survivor (its survivors span
+// tiles t0 and t0 + 1).
+struct Rows4To {
+  int t0;
+  int first;
+  u32 live;
+};
+
+template <bool COMPACT>
+__device__ __forceinline__ Rows4To rows4_to(const Compaction& c, int t, int r4) {
+  if (!COMPACT) return {t, t * 32 + r4, 0xfu};
+  const u32 m = __ldcg(c.live + t) & valid_bits(t, c.n_rows);
+  const int base = __ldcg(c.tile_base + t);
+  return {base >> 5, base + __popc(m & ((1u << r4) - 1u)), (m >> r4) & 0xfu};
+}
+
+// The compacted slot of row e of the lane (one of ``live``).
+__device__ __forceinline__ int slot_of(const Rows4To& o, int e) {
+  return o.first + __popc(o.live & ((1u << e) - 1u));
+}
+
+// Compacting: the output pointers of the lane's 4 rows at neuron 0 (null: dead row).
+__device__ __forceinline__ void rows4_ptrs(const Rows4To& o, float* dst, i64 tstride,
+                                           float* p[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int s = slot_of(o, e);
+    p[e] = (o.live >> e) & 1u ? dst + (i64)(s >> 5) * tstride + (s & 31) : nullptr;
+  }
+}
+
+// Compacting epilogue of 4 rows of output j: one store per surviving row.
+__device__ __forceinline__ u32 store_rows4_at(float4 acc, int j, const LayerArgs& a,
+                                              float* const p[4]) {
+  const float4 y = activate4(acc, j, a);
+  const float ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (p[e]) p[e][(i64)j * 32] = ys[e];
+  }
+  return alive4(y);
+}
+
+// The lane's alive bits (of its 4 rows) as bits of output tiles t0, t0 + 1.
+__device__ __forceinline__ u64 alive_at(u32 alive, const Rows4To& o) {
+  alive &= o.live;
+  const int rel = o.first - o.t0 * 32;
+  if (o.live == 0xfu) return (u64)alive << rel;
+  u64 bits = 0ull;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if ((alive >> e) & 1u) bits |= 1ull << (rel + __popc(o.live & ((1u << e) - 1u)));
+  }
+  return bits;
+}
+
+// ORs a warp's alive bits (output tiles t0 and t0 + 1) into the layer's mask.
+__device__ __forceinline__ void flush_alive(u32* mask, int t0, u64 alive) {
+  const u32 lo = __reduce_or_sync(0xffffffffu, (u32)alive);
+  const u32 hi = __reduce_or_sync(0xffffffffu, (u32)(alive >> 32));
+  if ((threadIdx.x & 31) == 0) {
+    if (lo) atomicOr(mask + t0, lo);
+    if (hi) atomicOr(mask + t0 + 1, hi);
+  }
+}
+
+// Compacting: the survivors' image positions move with them (one lane per 4 rows).
+__device__ __forceinline__ void move_positions(const Compaction& c, const Rows4To& o, int t,
+                                               int r4) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if ((o.live >> e) & 1u) c.pos_to[slot_of(o, e)] = c.pos_from[t * 32 + r4 + e];
+  }
 }

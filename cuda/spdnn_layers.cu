@@ -107,10 +107,11 @@ __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, con
 // slot s computes output out_ids[s] (the host's locality order: slots that
 // read the same inputs are neighbours, so their gathers hit in L1).
 // The walk is shared by the ELL and the CSR4 kernels: sum(s, xq) returns the
-// float4 of sums of output slot s for the lane's 4 rows at xq.
-template <bool SMEM, int ROWS, typename Sum>
-__device__ __forceinline__ void rows4_layer(const LayerArgs& a, const int* __restrict__ out_ids,
-                                            float* xs, Sum sum) {
+// float4 of sums of output slot s for the lane's 4 rows at xq. It writes a
+// pending compaction (spdnn_layer.cuh) and returns whether it did.
+template <bool SMEM, int ROWS, bool COMPACT, typename Sum>
+__device__ __forceinline__ void rows4_walk(const LayerArgs& a, const Compaction& cmp,
+                                           const int* __restrict__ out_ids, float* xs, Sum sum) {
   constexpr int LANES = ROWS / 4;  // lanes per output
   constexpr int OUTPUTS_PER_STEP = 32 / LANES;
   const int n_tiles = ld_state(a.state, ST_TILES);
@@ -139,17 +140,36 @@ __device__ __forceinline__ void rows4_layer(const LayerArgs& a, const int* __res
       xq = src + t * a.tstride + r4;
     }
     float* out = dst + t * a.tstride + r4;
-    u32 alive = 0u;
+    const Rows4To o = rows4_to<COMPACT>(cmp, t, r4);
+    float* p[4];
+    if constexpr (COMPACT) {
+      rows4_ptrs(o, dst, a.tstride, p);
+      if (c0 == 0 && warp == 0 && g == 0) move_positions(cmp, o, t, r4);
+    }
+    u64 alive = 0ull;
     for (int c = c0 + warp; c < c1; c += nwarps) {
       const int s = c * OUTPUTS_PER_STEP + g;
       if (s < a.n_out) {
         const int j = out_ids ? __ldg(out_ids + s) : s;
-        alive |= store_rows4(sum(s, xq), j, a, out) << r4;
+        const float4 acc = sum(s, xq);
+        alive |= alive_at(COMPACT ? store_rows4_at(acc, j, a, p) : store_rows4(acc, j, a, out), o);
       }
     }
-    alive = __reduce_or_sync(0xffffffffu, alive);
-    if (lane == 0 && alive) atomicOr(mask + t, alive);
+    flush_alive(mask, o.t0, alive);
   }
+}
+
+// The walk, in place or compacting; returns whether it compacted.
+template <bool SMEM, int ROWS, typename Sum>
+__device__ __forceinline__ bool rows4_layer(const LayerArgs& a, const int* __restrict__ out_ids,
+                                            float* xs, Sum sum) {
+  const Compaction cmp = compaction_of(a);
+  if (cmp.on) {
+    rows4_walk<SMEM, ROWS, true>(a, cmp, out_ids, xs, sum);
+  } else {
+    rows4_walk<SMEM, ROWS, false>(a, cmp, out_ids, xs, sum);
+  }
+  return cmp.on;
 }
 
 // Whole 32-row tiles staged in shared memory (n_in * 128 bytes, N <= 1792 on an H100/H200).
@@ -161,12 +181,12 @@ __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
   LAYER_ARGS;
   extern __shared__ float4 xs4[];
   const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
-  rows4_layer<true, ROWS>(a, out_ids, reinterpret_cast<float*>(xs4),
+  const bool took = rows4_layer<true, ROWS>(a, out_ids, reinterpret_cast<float*>(xs4),
                           [&](int s, const float* xq) {
                             return gather_rows4<D, true, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
                                 idx4 + (i64)s * (D / 8), xq);
                           });
-  finish_layer(a);
+  finish_layer(a, took);
 }
 
 // Gathers through L1/L2 (any n_in up to 65536).
@@ -175,11 +195,11 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     layer_ell_global(LAYER_PARAMS, const u16* __restrict__ idx, const int* __restrict__ out_ids) {
   LAYER_ARGS;
   const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
-  rows4_layer<false, ROWS>(a, out_ids, nullptr, [&](int s, const float* xq) {
+  const bool took = rows4_layer<false, ROWS>(a, out_ids, nullptr, [&](int s, const float* xq) {
     return gather_rows4<D, false, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
         idx4 + (i64)s * (D / 8), xq);
   });
-  finish_layer(a);
+  finish_layer(a, took);
 }
 
 // CSR4: any degree per output, optionally per-nonzero values, 16-bit indices,
@@ -234,13 +254,13 @@ __global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREA
   extern __shared__ float4 xs4[];
   const uint4* idx4 = reinterpret_cast<const uint4*>(idx);
   const float4* vals4 = reinterpret_cast<const float4*>(vals);
-  rows4_layer<SMEM, 32>(a, nullptr, reinterpret_cast<float*>(xs4),
+  const bool took = rows4_layer<SMEM, 32>(a, nullptr, reinterpret_cast<float*>(xs4),
                         [&](int s, const float* xq) {
                           const int2 sp = __ldg(spans + s);
                           return csr_rows4<SMEM, VALS>(idx4 + sp.x / 8, vals4 + sp.x / 4, sp.y,
                                                       xq);
                         });
-  finish_layer(a);
+  finish_layer(a, took);
 }
 
 // General CSR layer; I is the index type (u16 or int), VALS: per-nonzero values.
@@ -308,5 +328,5 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     __syncthreads();
     if (threadIdx.x == 0 && s_alive) atomicOr(mask + t, s_alive);
   }
-  finish_layer(a);
+  finish_layer(a, false);  // never compacts on write: compact_rows runs before it
 }

@@ -122,8 +122,7 @@ extern "C" __global__ void mark_reps(const int* state, const int* head, const u3
 }
 
 // One block: representatives' prefix over tiles (tile_base), and the plan
-// compact_rows follows. compact_rows reads the layer output from the buffer
-// that is not ST_SEL, so the current buffer is named that way first.
+// compact_rows follows (it moves them out of the current buffer).
 extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, int k, int* out) {
   const int n_rows = ld_state(state, ST_ROWS);
   const int n_tiles = (n_rows + 31) / 32;
@@ -136,7 +135,6 @@ extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, i
     out[0] = reps;
     const int merge = reps < n_rows;
     state[ST_DO_COMPACT] = merge;
-    if (merge) state[ST_SEL] ^= 1;
     stamps[k + 1] = global_ns();
   }
 }

@@ -29,7 +29,9 @@ extern "C" __global__ void stamp(u64* stamps, int slot) {
 
 // Move the rows alive after layer k into dense tiles of the spare buffer.
 // Does nothing unless the plan asked for it; then the survivors' new slot is
-// tile_base[t] + (alive lanes below this one), so order is kept.
+// tile_base[t] + (alive lanes below this one), so order is kept. Launched
+// after a layer whose successor does not compact on write (spdnn_layer.cuh),
+// and before a merge.
 extern "C" __global__ void __launch_bounds__(256)
     compact_rows(const i64* ptrs, int width, int* state, u64* stamps, int k) {
   if (!ld_state(state, ST_DO_COMPACT)) return;  // uniform over the grid
@@ -42,8 +44,8 @@ extern "C" __global__ void __launch_bounds__(256)
   const i64 tstride = ptrs[P_TSTRIDE];
   const int max_tiles = (int)ptrs[P_MAX_TILES];
   const int sel = ld_state(state, ST_SEL);
-  const float* src = sel ? buf0 : buf1;  // the layer's output
-  float* dst = sel ? buf1 : buf0;
+  const float* src = sel ? buf1 : buf0;  // the layer's output (current)
+  float* dst = sel ? buf0 : buf1;
   const int pos_sel = ld_state(state, ST_POS_SEL);
   const int* psrc = pos_sel ? pos1 : pos0;
   int* pdst = pos_sel ? pos0 : pos1;
@@ -84,6 +86,7 @@ extern "C" __global__ void __launch_bounds__(256)
     state[ST_ROWS] = n_new;
     state[ST_TILES] = (n_new + 31) / 32;
     state[ST_POS_SEL] = pos_sel ^ 1;
+    state[ST_SEL] = sel ^ 1;
     state[ST_DO_COMPACT] = 0;
     state[ST_DID_COMPACT] = 1;
     state[ST_COMPACTIONS] += 1;

@@ -81,12 +81,12 @@ def test_ell_layout_covers_every_output_once(n_in, n_out, kind):
 
 
 def _block_layer(rng, n_in, n_out, degree, *, values=True, max_group=16, bias=-0.3,
-                 clip=32.0):
-    """Outputs in groups (random sizes up to ``max_group``, scattered over the output
-    ids) that read the same ``degree`` inputs; random values per nonzero."""
+                 clip=32.0, min_group=1):
+    """Outputs in groups (random sizes from ``min_group`` to ``max_group``, scattered
+    over the output ids) that read the same ``degree`` inputs; random values per nonzero."""
     sizes = []
     while sum(sizes) < n_out:
-        sizes.append(int(rng.integers(1, max_group + 1)))
+        sizes.append(int(rng.integers(min_group, max_group + 1)))
     sizes[-1] -= sum(sizes) - n_out
     sets = [np.sort(rng.choice(n_in, degree, replace=False)) for _ in sizes]
     rows = np.concatenate([np.repeat(s[None], k, axis=0) for s, k in zip(sets, sizes)])
@@ -245,6 +245,37 @@ def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():
     assert entry["extra_held"][:5] == entry["extra"][:5] and entry["extra_held"][-1] == 1
 
 
+def test_compaction_pass_only_before_kernels_that_cannot_write_it():
+    """The layer loop launches compact_rows after a layer that may drop rows only
+    when the next layer's kernel does not compact on write (the general CSR); after
+    the last layer a compaction stays pending (finish reads the mask)."""
+    from spdnn_mpi.backends.cuda import CudaBackend
+
+    calls = []
+
+    def kernel(name):
+        return lambda grid, threads, args, shared_mem=0: calls.append(name)
+
+    kinds = ["group", "csr_global", "smem32", "global", "csr_smem", "csr4_smem",
+             "csr4_global", "group"]
+    backend = object.__new__(CudaBackend)  # the loop's host logic only, no device
+    backend.sms, backend._ptrs, backend._state = 132, None, None
+    backend._live_hist, backend._stamps = None, None
+    backend._compact = kernel("compact_rows")
+    backend._n_layers = len(kinds)
+    backend._layers = [{"plan": lay.LayerPlan(kind, kind, 0, 0), "head": (), "extra": (),
+                        "kern": kernel(kind), "grid": 1, "threads": 32, "n_out": 8}
+                       for kind in kinds]
+    for k in range(len(kinds)):
+        backend._launch(k, drop_dead=True, held=0)
+    assert calls == ["group", "compact_rows", "csr_global", "smem32", "global",
+                     "compact_rows", "csr_smem", "csr4_smem", "csr4_global", "group"]
+    calls.clear()
+    backend._launch(0, drop_dead=False, held=0)  # nothing dropped: nothing to move
+    assert calls == ["group"]
+    assert not lay.compacts_on_write("csr_smem") and lay.compacts_on_write("group")
+
+
 def test_locality_order_puts_equal_input_sets_side_by_side():
     rng = np.random.default_rng(3)
     base = np.sort(np.stack([rng.choice(5000, 32, replace=False) for _ in range(50)]), axis=1)
@@ -391,6 +422,74 @@ def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, valu
     again = run_inference(net, rows, plain, want_features=True)
     assert np.array_equal(again.alive_ids, res.alive_ids)
     assert np.array_equal(again.features, res.features)
+
+
+def _dying_mixed_network(rng) -> tuple[Network, SparseRows]:
+    """Six layers of every kernel kind, with inputs of seven densities so rows die
+    layer after layer: compactions before a kernel that cannot write them (the
+    general CSR), written by the grouped, CSR4 and ELL kernels, and (cut after
+    five layers) one left pending at the end."""
+    def general(n_in, n_out, density, itype, bias):
+        i, j = np.nonzero(rng.random((n_in, n_out)) < density)
+        layer = Layer.from_coo(i, j, rng.normal(0.3, 0.5, len(i)), n_in, n_out, bias=bias,
+                               clip=32.0)
+        layer.indices = layer.indices.astype(itype)  # int32: the general CSR kernel
+        return layer
+
+    def bias(n, lo=-0.9, hi=-0.1):
+        return rng.uniform(lo, hi, n).astype(np.float32)
+
+    net = Network([
+        _block_layer(rng, 3000, 512, 32, bias=bias(512, -2.5, -1.0), min_group=16),  # group
+        general(512, 3000, 0.02, np.int32, bias(3000)),  # csr_smem
+        _fixed_degree_layer(rng, 3000, 512, 16, bias=bias(512), value=0.2),  # ELL global
+        _block_layer(rng, 512, 700, 16, values=False, bias=bias(700), min_group=16),  # group
+        general(700, 512, 0.05, np.uint16, bias(512)),  # csr4_smem
+        _fixed_degree_layer(rng, 512, 300, 32, bias=bias(300), value=0.12),  # ELL smem
+    ])
+    parts = [_random_rows(rng, 300, 3000, d) for d in (0.0015, 0.005, 0.01, 0.02, 0.04, 0.08)]
+    parts.append(_random_rows(rng, 200, 3000, 0.3))
+    return net, SparseRows(3000, np.concatenate([[0], *(p.indptr[1:] + sum(
+        q.indptr[-1] for q in parts[:i]) for i, p in enumerate(parts))]),
+        np.concatenate([p.indices for p in parts]))
+
+
+def _compactions_expected(live: list[int], n_rows: int) -> int:
+    """Compactions the plan's rule (SPDNN_COMPACT_DIV = 10) makes for these live counts,
+    the last layer's left out (pending, not counted)."""
+    tiles, count = -(-n_rows // 32), 0
+    for after in live[:-1]:
+        new = -(-after // 32)
+        if new < tiles and (tiles - new) * 10 >= tiles:
+            tiles, count = new, count + 1
+    return count
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("n_layers", [6, 5])
+def test_compaction_written_by_the_next_layer(n_layers):
+    """Survivors moved to dense tiles by the next layer as it writes them (grouped,
+    ELL and CSR4 kernels) or by compact_rows (before the general CSR kernel), and
+    left pending after the last layer: ids exact, features within 1e-5 of the
+    reference, the same with batches and without CUDA graphs."""
+    net, rows = _dying_mixed_network(np.random.default_rng(0))
+    net = Network(net.layers[:n_layers])
+    backend = _backend()
+    res = _check(net, rows, backend)
+    info = backend.describe()
+    assert set(info["kernels"]) == ({"group", "csr_smem", "global", "csr4_smem", "smem32"}
+                                    if n_layers == 6 else
+                                    {"group", "csr_smem", "global", "csr4_smem"})
+    n = int(np.count_nonzero(np.diff(rows.indptr)))
+    live = res.live_per_layer.tolist()
+    assert info["compactions_last_batch"] == _compactions_expected(live, n) >= 3
+    for kw in ({"batch": 700}, {"graphs": False}):
+        other = _backend(graphs=kw.get("graphs", True))
+        other.load_network(net.layers)
+        again = run_inference(net, rows, other, batch=kw.get("batch"), want_features=True)
+        assert np.array_equal(again.alive_ids, res.alive_ids)
+        assert np.array_equal(again.features, res.features)
 
 
 def _challenge_dir() -> Path:

@@ -2,8 +2,9 @@
 
 Features live in two device buffers of 32-row tiles, neuron-major
 (``cuda/spdnn_common.cuh``). Each layer is one persistent kernel whose last
-block counts the live rows and decides whether to compact; a second kernel
-moves the survivors only when that frees enough tiles. The host enqueues the
+block counts the live rows and decides whether to compact; when that frees
+enough tiles the next layer writes the survivors to dense tiles as it
+computes them (or, before a kernel that cannot, a second kernel moves them). The host enqueues the
 layers and never waits until ``finish``: live counts, the buffer in use and
 per-layer timestamps stay on the device.
 
@@ -251,9 +252,17 @@ class CudaBackend:
         kern, grid, threads, smem = (L["small"][held] if held else
                                      (L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes))
         kern((grid,), (threads,), args, shared_mem=smem)
-        if drop:
+        if drop and not self._compacts_on_write(k + 1):
             self._compact((self.sms * 8,), (256,),
                           (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
+
+    def _compacts_on_write(self, k: int) -> bool:
+        """Whether layer ``k`` writes the compaction its predecessor may ask for
+        (no compact_rows pass before it). The last layer's is left pending:
+        ``finish`` reads the survivors from the mask, and a merge runs it first."""
+        if k >= self._n_layers:
+            return True
+        return lay.compacts_on_write(self._layers[k]["plan"].kind)
 
     def _flush(self) -> None:
         """Launch the queued layers: a cached graph when possible, else one by one."""
@@ -313,6 +322,10 @@ class CudaBackend:
         self._merging = True
         k = self._layers_run - 1
         with self._dev, self._stream:
+            # a compaction left pending by the last layer first (a no-op otherwise)
+            self._compact((self.sms * 8,), (256,),
+                          (self._ptrs, np.int32(self._layers[k]["n_out"]), self._state,
+                           self._stamps, np.int32(k)))
             n = int(self._state[ST_ROWS].get())  # after the queued layers
             if n == 0:
                 empty = np.zeros(0, np.int64)

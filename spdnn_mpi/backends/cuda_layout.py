@@ -102,6 +102,16 @@ ELL_KINDS = ("smem32", "global")
 ELL_ROWS = (32, 16, 8)
 
 
+#: Kernels that cannot write a pending compaction (compact_rows runs before them).
+NO_COMPACT_ON_WRITE = frozenset({"csr_smem", "csr_global"})
+
+
+def compacts_on_write(kind: str) -> bool:
+    """Whether the kernels of ``kind`` move the survivors of the previous layer
+    to dense tiles as they write (spdnn_layer.cuh), so no compact_rows pass."""
+    return kind not in NO_COMPACT_ON_WRITE
+
+
 def ell_kernel(kind: str, degree: int, rows: int = 0) -> str:
     """NVRTC name of the ELL kernel of ``kind`` for ``degree`` inputs: the whole-tile
     form (``rows`` 0), or the form for at most ``rows`` rows held in one tile."""
