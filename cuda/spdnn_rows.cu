@@ -95,3 +95,61 @@ extern "C" __global__ void __launch_bounds__(256)
     state[ST_DONE] = 0;
   }
 }
+
+// A batch's results in one array, so the host reads them with one copy:
+//   out[0]            rows alive after the last layer run (n_alive)
+//   out[1 .. 16]      the state array
+//   then              live counts (n_run), stamps (n_run + 1, two words each),
+//   then              the survivors' positions (n_alive), in slot order,
+//   then (features)   their outputs, width floats each, in the same order.
+// Survivors are read from the last layer's mask, ranked by the prefix its plan
+// wrote (tile_base); with no layer run, or compacted since, every row held.
+extern "C" __global__ void __launch_bounds__(256)
+    gather_results(const i64* ptrs, const int* state, const int* live_hist, const u64* stamps,
+                   int n_run, int width, int features, int* out) {
+  const float* buf = reinterpret_cast<const float*>(ptrs[ld_state(state, ST_SEL) ? P_BUF1
+                                                                                 : P_BUF0]);
+  const int* pos = reinterpret_cast<const int*>(ptrs[ld_state(state, ST_POS_SEL) ? P_POS1
+                                                                                 : P_POS0]);
+  const u32* mask = reinterpret_cast<const u32*>(ptrs[P_MASKS]) +
+                    ((n_run - 1) & 1) * ptrs[P_MAX_TILES];
+  const int* tile_base = reinterpret_cast<const int*>(ptrs[P_TILE_BASE]);
+  const i64 tstride = ptrs[P_TSTRIDE];
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int n_alive = n_run ? live_hist[n_run - 1] : n_rows;
+  const int head = 1 + ST_SIZE + n_run + 2 * (n_run + 1);
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x;
+  const int nth = blockDim.x * gridDim.x;
+  for (int i = tid; i < head; i += nth) {
+    int v;
+    if (i == 0) {
+      v = n_alive;
+    } else if (i <= ST_SIZE) {
+      v = state[i - 1];
+    } else if (i <= ST_SIZE + n_run) {
+      v = live_hist[i - 1 - ST_SIZE];
+    } else {
+      const int w = i - 1 - ST_SIZE - n_run;
+      v = (int)(u32)(stamps[w >> 1] >> (32 * (w & 1)));
+    }
+    out[i] = v;
+  }
+  int* out_pos = out + head;
+  float* out_feat = reinterpret_cast<float*>(out_pos + n_alive);
+  const bool dense = n_run == 0 || ld_state(state, ST_DID_COMPACT);  // every row alive
+  for (int s = tid; s < n_rows; s += nth) {
+    const int t = s >> 5, lane = s & 31;
+    int rank = s;
+    if (!dense) {
+      const u32 m = mask[t] & valid_bits(t, n_rows);
+      if (!((m >> lane) & 1u)) continue;
+      rank = tile_base[t] + __popc(m & ((1u << lane) - 1u));
+    }
+    out_pos[rank] = pos[s];
+    if (features) {
+      const float* row = buf + t * tstride + lane;
+      float* to = out_feat + (i64)rank * width;
+      for (int i = 0; i < width; ++i) to[i] = row[(i64)i * 32];
+    }
+  }
+}

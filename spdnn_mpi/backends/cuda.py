@@ -35,10 +35,33 @@ from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
 #: State slots, mirrored from cuda/spdnn_common.cuh.
-ST_ROWS, ST_TILES, ST_SEL, ST_POS_SEL = 0, 1, 2, 3
-ST_DID_COMPACT, ST_COMPACTIONS, ST_SIZE = 7, 8, 16
+ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_SIZE = 0, 1, 8, 16
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
 P_SIZE = 8
+#: ``finish`` copies the packed results in one piece up to this size (else in two).
+SINGLE_COPY_BYTES = 4 << 20
+
+def results_head(n_run: int) -> int:
+    """Words before the positions in ``gather_results``' array (cuda/spdnn_rows.cu)."""
+    return 1 + ST_SIZE + n_run + 2 * (n_run + 1)
+
+
+def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool) -> tuple:
+    """(state, live counts, stamps, positions, features) from ``gather_results``'
+    int32 array, positions ascending and features in their order."""
+    head = results_head(n_run)
+    n_alive = int(data[0])
+    state = data[1:1 + ST_SIZE]
+    live = data[1 + ST_SIZE:1 + ST_SIZE + n_run].astype(int).tolist()
+    stamps = np.ascontiguousarray(data[1 + ST_SIZE + n_run:head]).view(np.uint64)
+    pos = data[head:head + n_alive]
+    order = np.argsort(pos, kind="stable")
+    features = None
+    if want_features:
+        flat = np.ascontiguousarray(data[head + n_alive:head + n_alive * (1 + width)])
+        features = flat.view(np.float32).reshape(n_alive, width)[order]
+    return state, live, stamps.astype(np.float64), pos[order].astype(np.int64), features
+
 
 class CudaBackend:
     """The engine's backend on one NVIDIA GPU (see ``engine.Backend``)."""
@@ -122,6 +145,7 @@ class CudaBackend:
         compile_s = time.perf_counter() - t_compile
         self._compact = self._mod.get_function("compact_rows")
         self._stamp = self._mod.get_function("stamp")
+        self._gather = self._mod.get_function("gather_results")
         self._merger = DeviceMerge(cp, self._mod, self.sms)
         self._scatter = {
             "u16": self._mod.get_function("scatter_rows<u16>"),
@@ -202,6 +226,7 @@ class CudaBackend:
         n_tiles = -(-n // lay.TILE_ROWS)
         self._ensure_capacity(n_tiles)
         self._in_width = rows.n_cols
+        self._loaded_rows = n
         self._layers_run = 0
         with self._dev, self._stream:
             self._buf[0, : n_tiles * self._tstride].fill(0)
@@ -347,39 +372,38 @@ class CudaBackend:
         return int(self._live_hist[self._layers_run - 1].get())
 
     def finish(self, want_features: bool) -> BatchResult:
-        """Wait for the batch; read back the survivors' positions (and features)."""
+        """Wait for the batch; read back the survivors' positions (and features).
+
+        One kernel packs the counts, timestamps, positions and features into one
+        array, so the host waits once and copies once (fixed cost matters for
+        small batches); large feature sets are copied at their exact size.
+        """
         cp = self._cp
         self._flush()
-        self._stream.synchronize()
         n_run = self._layers_run
-        with self._dev:
-            state = self._state.get()
-            live = self._live_hist[:n_run].get().astype(int).tolist() if n_run else []
-            stamps = self._stamps[: n_run + 1].get().astype(np.float64)
-            n_rows, n_tiles = int(state[ST_ROWS]), int(state[ST_TILES])
-            if n_run == 0 or state[ST_DID_COMPACT]:
-                slots = np.arange(n_rows)
-            else:
-                m = self._masks[(n_run - 1) & 1, :n_tiles].get()
-                bits = np.unpackbits(m.view(np.uint8), bitorder="little")[:n_rows]
-                slots = np.flatnonzero(bits)
-            pos = self._pos[int(state[ST_POS_SEL]), :n_rows].get()[slots]
-            order = np.argsort(pos, kind="stable")
-            pos, slots = pos[order], slots[order]
-            features = None
-            if want_features:
-                width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
-                tiles = self._buf[int(state[ST_SEL])].reshape(-1, self.width, lay.TILE_ROWS)
-                s = cp.asarray(slots)
-                features = tiles[(s // 32)[:, None], cp.arange(width)[None, :],
-                                 (s % 32)[:, None]].get()
+        width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
+        head = results_head(n_run)
+        per_row = 1 + (width if want_features else 0)
+        upper = head + self._loaded_rows * per_row
+        with self._dev, self._stream:
+            out = cp.empty(upper, dtype=np.int32)
+            blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
+            self._gather((blocks,), (256,),
+                         (self._ptrs, self._state, self._live_hist, self._stamps,
+                          np.int32(n_run), np.int32(width), np.int32(want_features), out))
+            if upper * 4 <= SINGLE_COPY_BYTES:
+                data = out.get()
+            else:  # the head first, then exactly the survivors
+                data = out[:head].get()
+                data = np.concatenate([data, out[head:head + int(data[0]) * per_row].get()])
+        state, live, stamps, pos, features = unpack_results(data, n_run, width, want_features)
         self._compactions = int(state[ST_COMPACTIONS])
         layer_seconds = None
         if n_run and np.all(stamps > 0):
             layer_seconds = (np.diff(stamps) * 1e-9).tolist()
         self._inputs = None
         self._track_peak()
-        return BatchResult(pos.astype(np.int64), live, layer_seconds, features)
+        return BatchResult(pos, live, layer_seconds, features)
 
     def max_batch_rows(self, width: int) -> int | None:
         """Rows whose two feature buffers (plus inputs) fit the free device memory."""
