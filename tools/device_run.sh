@@ -140,7 +140,7 @@ if [[ $steps == *modellayers* ]]; then
 fi
 
 if [[ $steps == *models* ]]; then
-  for images in 1000 "${MODEL_IMAGES:-60000}"; do
+  for images in $(printf '%s\n' 1000 "${MODEL_IMAGES:-60000}" | sort -nu); do
     spdnn bench --models --backend cuda --peer torch-dense --peer torch --peer onnxruntime \
       --model-images "$images" --repeat 5 --data-dir /tmp/bench --plot "$out/models_$images.png" \
       --json "$out/bench_models_$images.json" 2>&1 | tee "$out/bench_models_$images.log"
