@@ -78,27 +78,17 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
     }
   }
   u32 alive = 0u;
-  if constexpr (!COMPACT) {
+  float* p[4];
+  if constexpr (COMPACT) rows4_ptrs(o, dst, a.tstride, p);
 #pragma unroll
-    for (int q = 0; q < LS / 4; ++q) {
-      const int4 o4 = __ldg(op + q);
-      const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+  for (int q = 0; q < LS / 4; ++q) {
+    const int4 o4 = __ldg(op + q);
+    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (ids[e] >= 0) alive |= store_rows4(acc[q * 4 + e], ids[e], a, out);
-      }
-    }
-  } else {
-    float* p[4];
-    rows4_ptrs(o, dst, a.tstride, p);
-#pragma unroll
-    for (int q = 0; q < LS / 4; ++q) {
-      const int4 o4 = __ldg(op + q);
-      const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (ids[e] >= 0) alive |= store_rows4_at(acc[q * 4 + e], ids[e], a, p);
-      }
+    for (int e = 0; e < 4; ++e) {
+      if (ids[e] < 0) continue;
+      alive |= COMPACT ? store_rows4_at(acc[q * 4 + e], ids[e], a, p)
+                       : store_rows4(acc[q * 4 + e], ids[e], a, out);
     }
   }
   return alive;
