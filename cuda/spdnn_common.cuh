@@ -65,6 +65,20 @@ __device__ __forceinline__ int ld_state(const int* state, int slot) {
   return __ldcg(state + slot);
 }
 
+// The current feature buffer, the current row positions and layer k's alive
+// bits (parity k & 1), from the pointer table and the state.
+__device__ __forceinline__ const float* current_features(const i64* ptrs, const int* state) {
+  return reinterpret_cast<const float*>(ptrs[ld_state(state, ST_SEL) ? P_BUF1 : P_BUF0]);
+}
+
+__device__ __forceinline__ const int* current_positions(const i64* ptrs, const int* state) {
+  return reinterpret_cast<const int*>(ptrs[ld_state(state, ST_POS_SEL) ? P_POS1 : P_POS0]);
+}
+
+__device__ __forceinline__ const u32* layer_mask(const i64* ptrs, int k) {
+  return reinterpret_cast<const u32*>(ptrs[P_MASKS]) + (k & 1) * ptrs[P_MAX_TILES];
+}
+
 // Bits of the rows of tile t that hold a real row (the last tile may be partial).
 __device__ __forceinline__ u32 valid_bits(int t, int n_rows) {
   const int left = n_rows - t * 32;

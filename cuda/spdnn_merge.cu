@@ -27,10 +27,6 @@ __device__ __forceinline__ u64 splitmix64(u64 x) {
   return x ^ (x >> 31);
 }
 
-__device__ __forceinline__ const float* current_features(const i64* ptrs, const int* state) {
-  return reinterpret_cast<const float*>(ptrs[ld_state(state, ST_SEL) ? P_BUF1 : P_BUF0]);
-}
-
 // keys[s] += mix(FNV-1a of the 32-bit words of slot s over one chunk, chunk).
 // One warp per (tile, chunk); keys must be zero on entry.
 extern "C" __global__ void __launch_bounds__(256)
@@ -126,7 +122,7 @@ extern "C" __global__ void mark_reps(const int* state, const int* head, const u3
 extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, int k, int* out) {
   const int n_rows = ld_state(state, ST_ROWS);
   const int n_tiles = (n_rows + 31) / 32;
-  const u32* mask = reinterpret_cast<const u32*>(ptrs[P_MASKS]) + (k & 1) * ptrs[P_MAX_TILES];
+  const u32* mask = layer_mask(ptrs, k);
   int* tile_base = reinterpret_cast<int*>(ptrs[P_TILE_BASE]);
   const int reps = tile_prefix(mask, nullptr, tile_base, n_tiles, n_rows);
   if (threadIdx.x == 0) {
@@ -143,9 +139,8 @@ extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, i
 // copy to the host): out = [reps, kept[reps], members[n - reps], owners[n - reps]].
 extern "C" __global__ void __launch_bounds__(256)
     emit_groups(const i64* ptrs, const int* state, int k, const int* owner, int* out) {
-  const int* pos = reinterpret_cast<const int*>(ptrs[ld_state(state, ST_POS_SEL) ? P_POS1
-                                                                                 : P_POS0]);
-  const u32* mask = reinterpret_cast<const u32*>(ptrs[P_MASKS]) + (k & 1) * ptrs[P_MAX_TILES];
+  const int* pos = current_positions(ptrs, state);
+  const u32* mask = layer_mask(ptrs, k);
   const int* tile_base = reinterpret_cast<const int*>(ptrs[P_TILE_BASE]);
   const int n_rows = ld_state(state, ST_MERGE_ROWS);
   const int reps = ld_state(state, ST_NEW_ROWS);

@@ -107,12 +107,9 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     gather_results(const i64* ptrs, const int* state, const int* live_hist, const u64* stamps,
                    int n_run, int width, int features, int* out) {
-  const float* buf = reinterpret_cast<const float*>(ptrs[ld_state(state, ST_SEL) ? P_BUF1
-                                                                                 : P_BUF0]);
-  const int* pos = reinterpret_cast<const int*>(ptrs[ld_state(state, ST_POS_SEL) ? P_POS1
-                                                                                 : P_POS0]);
-  const u32* mask = reinterpret_cast<const u32*>(ptrs[P_MASKS]) +
-                    ((n_run - 1) & 1) * ptrs[P_MAX_TILES];
+  const float* buf = current_features(ptrs, state);
+  const int* pos = current_positions(ptrs, state);
+  const u32* mask = layer_mask(ptrs, n_run - 1);
   const int* tile_base = reinterpret_cast<const int*>(ptrs[P_TILE_BASE]);
   const i64 tstride = ptrs[P_TSTRIDE];
   const int n_rows = ld_state(state, ST_ROWS);

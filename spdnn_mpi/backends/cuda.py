@@ -4,9 +4,9 @@ Features live in two device buffers of 32-row tiles, neuron-major
 (``cuda/spdnn_common.cuh``). Each layer is one persistent kernel whose last
 block counts the live rows and decides whether to compact; when that frees
 enough tiles the next layer writes the survivors to dense tiles as it
-computes them (or, before a kernel that cannot, a second kernel moves them). The host enqueues the
-layers and never waits until ``finish``: live counts, the buffer in use and
-per-layer timestamps stay on the device.
+computes them (or, before a kernel that cannot, a second kernel moves them).
+The host enqueues the layers and never waits until ``finish``: live counts,
+the buffer in use and per-layer timestamps stay on the device.
 
 CuPy is imported lazily, so this module can be imported without it; building
 a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
@@ -40,6 +40,7 @@ ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_SIZE = 0, 1, 8, 16
 P_SIZE = 8
 #: ``finish`` copies the packed results in one piece up to this size (else in two).
 SINGLE_COPY_BYTES = 4 << 20
+
 
 def results_head(n_run: int) -> int:
     """Words before the positions in ``gather_results``' array (cuda/spdnn_rows.cu)."""
