@@ -109,8 +109,10 @@ class CpuBackend:
             self._k.layer_tiles(self._cur, self._spare, self._n_tiles, indptr, indices, vals,
                                 uniform, bias, floor, clip, self._alive)
         else:  # one tile: only the rows held, on this thread
-            self._k.layer_rows(self._cur, self._spare, self._n_active, indptr, indices, vals,
-                               uniform, bias, floor, clip, self._alive)
+            kernel = (self._k.layer_few_rows if self._n_active <= self._k.FEW_ROWS
+                      else self._k.layer_rows)
+            kernel(self._cur, self._spare, self._n_active, indptr, indices, vals, uniform, bias,
+                   floor, clip, self._alive)
         self._cur, self._spare = self._spare, self._cur
         self._cur_width = n_out
         alive = self._alive[: self._n_active]
