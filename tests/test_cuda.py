@@ -276,28 +276,31 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     assert not lay.compacts_on_write("csr_smem") and lay.compacts_on_write("group")
 
 
+@pytest.mark.parametrize("ascending", [True, False])
 @pytest.mark.parametrize("want_features", [True, False])
-def test_packed_results_are_read_back_in_position_order(want_features):
+def test_packed_results_are_read_back_in_position_order(want_features, ascending):
     """The layout gather_results writes (cuda/spdnn_rows.cu) as finish reads it:
-    counts, 64-bit stamps in two words, positions and features in slot order."""
+    counts, 64-bit stamps in two words, positions and features in slot order.
+    Nothing read back may be a view of the (reused, pinned) host buffer."""
     from spdnn_mpi.backends.cuda import ST_SIZE, results_head, unpack_results
 
     n_run, width = 3, 5
     state = np.arange(ST_SIZE, dtype=np.int32)
     live = np.array([9, 7, 4], dtype=np.int32)
     stamps = np.array([2**40 + 1, 2**40 + 5000, 3 * 2**33, 2**62 + 77], dtype=np.uint64)
-    pos = np.array([12, 3, 40, 7], dtype=np.int32)
+    pos = np.array([3, 7, 12, 40] if ascending else [12, 3, 40, 7], dtype=np.int32)
     feats = np.random.default_rng(0).normal(size=(4, width)).astype(np.float32)
     data = np.concatenate([[4], state, live, stamps.view(np.int32), pos,
                            feats.view(np.int32).ravel() if want_features else []]).astype(np.int32)
     assert results_head(n_run) == 1 + ST_SIZE + n_run + 2 * (n_run + 1)
     got_state, got_live, got_stamps, got_pos, got_feats = unpack_results(data, n_run, width,
                                                                          want_features)
+    data[:] = -1  # the next batch's copy into the same buffer
     assert np.array_equal(got_state, state) and got_live == [9, 7, 4]
     assert np.array_equal(got_stamps, stamps.astype(np.float64))
     assert got_pos.tolist() == [3, 7, 12, 40] and got_pos.dtype == np.int64
     if want_features:
-        assert np.array_equal(got_feats, feats[[1, 3, 0, 2]])
+        assert np.array_equal(got_feats, feats if ascending else feats[[1, 3, 0, 2]])
     else:
         assert got_feats is None
 

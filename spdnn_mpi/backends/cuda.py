@@ -49,18 +49,22 @@ def results_head(n_run: int) -> int:
 
 def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool) -> tuple:
     """(state, live counts, stamps, positions, features) from ``gather_results``'
-    int32 array, positions ascending and features in their order."""
+    int32 array, positions ascending and features in their order.
+
+    Nothing returned is a view of ``data``, which may be a reused host buffer.
+    """
     head = results_head(n_run)
     n_alive = int(data[0])
-    state = data[1:1 + ST_SIZE]
+    state = data[1:1 + ST_SIZE].copy()
     live = data[1 + ST_SIZE:1 + ST_SIZE + n_run].astype(int).tolist()
     stamps = np.ascontiguousarray(data[1 + ST_SIZE + n_run:head]).view(np.uint64)
     pos = data[head:head + n_alive]
-    order = np.argsort(pos, kind="stable")
+    in_order = n_alive < 2 or bool(np.all(pos[1:] > pos[:-1]))  # compaction keeps the order
+    order = slice(None) if in_order else np.argsort(pos, kind="stable")
     features = None
     if want_features:
-        flat = np.ascontiguousarray(data[head + n_alive:head + n_alive * (1 + width)])
-        features = flat.view(np.float32).reshape(n_alive, width)[order]
+        flat = data[head + n_alive:head + n_alive * (1 + width)]
+        features = np.array(flat.view(np.float32).reshape(n_alive, width)[order])
     return state, live, stamps.astype(np.float64), pos[order].astype(np.int64), features
 
 
@@ -119,6 +123,8 @@ class CudaBackend:
         self._batch_live: list[int] = []
         self._held = 0  # > 0: at most this many rows (one tile) held since a merge
         self._merging = False  # merges ran: graphs are captured in both forms
+        self._results = None  # gather_results' device array, reused (graphs hold its address)
+        self._results_host = None  # its pinned host copy, reused
 
     # -- helpers -------------------------------------------------------------
     def _track_peak(self) -> None:
@@ -290,34 +296,45 @@ class CudaBackend:
             return True
         return lay.compacts_on_write(self._layers[k]["plan"].kind)
 
-    def _flush(self) -> None:
-        """Launch the queued layers: a cached graph when possible, else one by one."""
-        if not self._pending:
+    def _flush(self, gather: tuple | None = None) -> None:
+        """Launch the queued layers: a cached graph when possible, else one by one.
+
+        ``gather``: (grid, args) of a ``gather_results`` launch to end the piece
+        with (``finish``), captured into the same graph: one launch, not two.
+        """
+        if not self._pending and gather is None:
             return
         todo, self._pending = tuple(self._pending), []
+        tail = self._gather_key(gather)
         with self._dev, self._stream:
-            graph = self._graphs.get((todo, self._held)) if self._graphs_on else None
-            if graph is None and self._graphs_on:
-                graph = self._capture(todo, self._held)
+            key = (todo, self._held, tail)
+            graph = self._graphs.get(key) if self._graphs_on and todo else None
+            if graph is None and self._graphs_on and todo:
+                graph = self._capture(todo, self._held, gather)
                 # every form at once while merging: a warm-up that ends with another
                 # number of rows than the timed run then leaves nothing to capture there
                 for held in (0, *lay.ELL_ROWS) if self._merging else ():
                     if held != self._held:
-                        self._capture(todo, held)
+                        self._capture(todo, held, gather)
             if graph is not None:
                 graph.launch(stream=self._stream)
                 return
             for k, drop in todo:
                 self._launch(k, drop, self._held)
+            if gather is not None:
+                self._gather((gather[0],), (256,), gather[1])
 
-    def _capture(self, todo: tuple, held: int):
-        """Capture ``todo`` into a graph; on any failure turn graphs off and say why."""
+    def _capture(self, todo: tuple, held: int, gather: tuple | None = None):
+        """Capture ``todo`` (then ``gather``) into a graph; on any failure turn
+        graphs off and say why."""
         stream = self._stream
         try:
             stream.begin_capture()
             try:
                 for k, drop in todo:
                     self._launch(k, drop, held)
+                if gather is not None:
+                    self._gather((gather[0],), (256,), gather[1])
             finally:
                 graph = stream.end_capture()
         except Exception as exc:  # CuPy without graphs, or a capture rule broken
@@ -326,8 +343,15 @@ class CudaBackend:
             return None
         if len(self._graphs) > 4096:  # compression cuts a 1920-layer run into ~70 pieces
             self._graphs.clear()
-        self._graphs[(todo, held)] = graph
+        self._graphs[(todo, held, self._gather_key(gather))] = graph
         return graph
+
+    def _gather_key(self, gather: tuple | None) -> tuple | None:
+        """What identifies a ``gather_results`` launch in the graph cache."""
+        if gather is None:
+            return None
+        nd = self._cp.ndarray
+        return gather[0], tuple(a.data.ptr if isinstance(a, nd) else int(a) for a in gather[1])
 
     def synchronize(self) -> None:
         """Wait for everything queued on this backend's stream."""
@@ -376,27 +400,26 @@ class CudaBackend:
         """Wait for the batch; read back the survivors' positions (and features).
 
         One kernel packs the counts, timestamps, positions and features into one
-        array, so the host waits once and copies once (fixed cost matters for
+        array, launched in the same graph as the last layers, so the host waits
+        once and copies once, into reused pinned memory (fixed cost matters for
         small batches); large feature sets are copied at their exact size.
         """
-        cp = self._cp
-        self._flush()
         n_run = self._layers_run
         width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
         head = results_head(n_run)
         per_row = 1 + (width if want_features else 0)
         upper = head + self._loaded_rows * per_row
+        out, host = self._results_buffers(upper, min(upper, SINGLE_COPY_BYTES // 4))
+        blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
+        self._flush(gather=(blocks, (self._ptrs, self._state, self._live_hist, self._stamps,
+                                     np.int32(n_run), np.int32(width),
+                                     np.int32(want_features), out)))
         with self._dev, self._stream:
-            out = cp.empty(upper, dtype=np.int32)
-            blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
-            self._gather((blocks,), (256,),
-                         (self._ptrs, self._state, self._live_hist, self._stamps,
-                          np.int32(n_run), np.int32(width), np.int32(want_features), out))
             if upper * 4 <= SINGLE_COPY_BYTES:
-                data = out.get()
-            else:  # the head first, then exactly the survivors
-                data = out[:head].get()
-                data = np.concatenate([data, out[head:head + int(data[0]) * per_row].get()])
+                data = out[:upper].get(stream=self._stream, out=host[:upper])
+            else:  # the head first, then exactly the survivors (pageable: any size)
+                out[:head].get(stream=self._stream, out=host[:head])
+                data = out[:head + int(host[0]) * per_row].get(stream=self._stream)
         state, live, stamps, pos, features = unpack_results(data, n_run, width, want_features)
         self._compactions = int(state[ST_COMPACTIONS])
         layer_seconds = None
@@ -405,6 +428,21 @@ class CudaBackend:
         self._inputs = None
         self._track_peak()
         return BatchResult(pos, live, layer_seconds, features)
+
+    def _results_buffers(self, words: int, host_words: int):
+        """The device array ``gather_results`` fills (``words`` long) and a pinned
+        host buffer (``host_words``) for its copy; grown, never shrunk, as graphs
+        keep the device address."""
+        cp = self._cp
+        if self._results is None or self._results.size < words:
+            with self._dev:
+                self._results = cp.empty(words, dtype=np.int32)
+            self._track_peak()
+        if self._results_host is None or self._results_host.size < host_words:
+            import cupyx
+
+            self._results_host = cupyx.empty_pinned(max(host_words, 4096), dtype=np.int32)
+        return self._results, self._results_host
 
     def max_batch_rows(self, width: int) -> int | None:
         """Rows whose two feature buffers (plus inputs) fit the free device memory."""
