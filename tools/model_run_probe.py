@@ -1,0 +1,64 @@
+"""Where a small batch's time goes on the GPU: one shipped pruned model at a time.
+
+    PYTHONPATH=. python3 tools/model_run_probe.py [--label NAME] [--sparsity 90 95 99]
+
+For each model, on its 1000 held-out digits: the median over ``--runs`` of the
+engine's timed run (``run_inference``), of the device stamps' span (layers),
+and of the layers plus ``finish`` called directly. Run it with PYTHONPATH at
+an older tree (a ``git archive``) to compare two trees in the same call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--label", default="", help="printed first on each line (the tree)")
+    p.add_argument("--sparsity", type=int, nargs="+", default=[90, 95, 99],
+                   help="shipped models to probe, by sparsity in per cent")
+    p.add_argument("--runs", type=int, default=40, help="timed runs per measurement")
+    args = p.parse_args(argv)
+
+    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.engine import run_inference
+    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.generators import mnist_models as mm
+
+    def us(x: list[float]) -> str:
+        return f"{np.median(x) * 1e6:.1f}"
+
+    with TemporaryDirectory() as tmp:
+        for sparsity in args.sparsity:
+            with Store(mm.model_store(mm.find_model(sparsity), Path(tmp))) as store:
+                net, rows = store.network(), store.inputs()
+            backend = CudaBackend()
+            backend.load_network(net.layers)
+            for _ in range(5):  # graphs captured, buffers sized
+                run_inference(net, rows, backend, want_features=True)
+            total, stamps, direct = [], [], []
+            for _ in range(args.runs):
+                res = run_inference(net, rows, backend, want_features=True)
+                total.append(res.seconds)
+                stamps.append(sum(res.layer_seconds))
+            for _ in range(args.runs):
+                backend.load_features(rows, True)
+                backend.synchronize()
+                t0 = time.perf_counter()
+                for k in range(net.n_layers):
+                    backend.run_layer(k, False)
+                backend.finish(True)
+                direct.append(time.perf_counter() - t0)
+            print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us;"
+                  f" layers+finish direct {us(direct)} us; rows {rows.n_rows}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
