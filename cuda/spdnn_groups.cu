@@ -43,8 +43,7 @@ template <int D, int LS, bool COMPACT>
 __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
                                            const int4* __restrict__ op,
                                            const float4* __restrict__ wp, const float* xq,
-                                           float* out, const Rows4To& o, float* dst,
-                                           float* stage) {
+                                           float* out, const Rows4To& o, float* dst) {
   constexpr int B = D < SPDNN_GROUP_BATCH ? D : SPDNN_GROUP_BATCH;
   static_assert(B % 2 == 0 && D % B == 0 && D % 8 == 0, "degree must be a multiple of 8");
   float4 acc[LS];
@@ -79,16 +78,16 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
     }
   }
   u32 alive = 0u;
-  StagedRows sr;
-  if constexpr (COMPACT) sr = staged_rows(o, dst, a.tstride, stage);
+  float* p[4];
+  if constexpr (COMPACT) rows4_ptrs(o, dst, a.tstride, p);
 #pragma unroll
   for (int q = 0; q < LS / 4; ++q) {
     const int4 o4 = __ldg(op + q);
     const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (ids[e] < 0) continue;  // the same for the quarter-warp's 8 lanes
-      alive |= COMPACT ? store_rows4_staged(acc[q * 4 + e], ids[e], a, o, sr)
+      if (ids[e] < 0) continue;
+      alive |= COMPACT ? store_rows4_at(acc[q * 4 + e], ids[e], a, p)
                        : store_rows4(acc[q * 4 + e], ids[e], a, out);
     }
   }
@@ -101,7 +100,7 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
                                            int n_groups, const u16* __restrict__ gidx,
                                            const int* __restrict__ gout,
                                            const float* __restrict__ gw, int wstride,
-                                           int chunk, float* stage) {
+                                           int chunk) {
   const int n_tiles = ld_state(a.state, ST_TILES);
   const int sel = ld_state(a.state, ST_SEL);
   const float* src = sel ? a.buf1 : a.buf0;
@@ -140,8 +139,7 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
       alive |= alive_at(group_rows4<D, LS, COMPACT>(a, gidx4 + (i64)g * (D / 8),
                                                     gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
                                                     gw4 + ((i64)g * wstride + s0) / 4,
-                                                    src + tile_at, dst + tile_at, o, dst,
-                                                    stage),
+                                                    src + tile_at, dst + tile_at, o, dst),
                         o);
     }
     flush_alive(mask, o.t0, alive);
@@ -160,14 +158,11 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
                 const int* __restrict__ gout, const float* __restrict__ gw, int wstride,
                 int chunk) {
   LAYER_ARGS;
-  // compacting: 32 floats a quarter-warp, 40 apart so the four of a warp use other banks
-  __shared__ float stage_all[SPDNN_GROUP_THREADS / 8 * 40];
-  float* stage = stage_all + (threadIdx.x >> 3) * 40;
   const Compaction cmp = compaction_of(a);
   if (cmp.on) {
-    group_walk<D, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk, stage);
+    group_walk<D, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk);
   } else {
-    group_walk<D, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk, stage);
+    group_walk<D, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk);
   }
   finish_layer(a, cmp.on);
 }

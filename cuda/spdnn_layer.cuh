@@ -131,16 +131,14 @@ struct Rows4To {
   int t0;
   int first;
   u32 live;
-  int base;  // compacting: slot of the input tile's first survivor
-  int n;  // compacting: survivors of the input tile
 };
 
 template <bool COMPACT>
 __device__ __forceinline__ Rows4To rows4_to(const Compaction& c, int t, int r4) {
-  if (!COMPACT) return {t, t * 32 + r4, 0xfu, t * 32, 32};
+  if (!COMPACT) return {t, t * 32 + r4, 0xfu};
   const u32 m = __ldcg(c.live + t) & valid_bits(t, c.n_rows);
   const int base = __ldcg(c.tile_base + t);
-  return {base >> 5, base + __popc(m & ((1u << r4) - 1u)), (m >> r4) & 0xfu, base, __popc(m)};
+  return {base >> 5, base + __popc(m & ((1u << r4) - 1u)), (m >> r4) & 0xfu};
 }
 
 // The compacted slot of row e of the lane (one of ``live``).
@@ -167,53 +165,6 @@ __device__ __forceinline__ u32 store_rows4_at(float4 acc, int j, const LayerArgs
   for (int e = 0; e < 4; ++e) {
     if (p[e]) p[e][(i64)j * 32] = ys[e];
   }
-  return alive4(y);
-}
-
-// Compacting, coalesced: the 8 lanes that hold an input tile's 32 rows (r4 =
-// 4 i, one quarter-warp) stage the survivors' outputs in slot order in 32
-// floats of shared memory; lane i then writes survivors i, i + 8, i + 16 and
-// i + 24, so each store instruction writes 8 consecutive floats instead of 8
-// floats spread over the tile's 128 bytes.
-struct StagedRows {
-  float* stage;  // this quarter-warp's 32 floats
-  float* p[4];  // lane's destinations at neuron 0 (null: past the survivors)
-  u32 qmask;  // the quarter-warp's lanes
-};
-
-__device__ __forceinline__ StagedRows staged_rows(const Rows4To& o, float* dst, i64 tstride,
-                                                  float* stage) {
-  StagedRows sr;
-  const int lane = threadIdx.x & 31, i = lane & 7;
-  sr.stage = stage;
-  sr.qmask = 0xffu << (lane & ~7);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int d = i + 8 * k;
-    const int s = o.base + d;
-    sr.p[k] = d < o.n ? dst + (i64)(s >> 5) * tstride + (s & 31) : nullptr;
-  }
-  return sr;
-}
-
-// Coalesced compacting epilogue of 4 rows of output j (every lane of the
-// quarter-warp calls it with the same j); returns the rows' alive bits.
-__device__ __forceinline__ u32 store_rows4_staged(float4 acc, int j, const LayerArgs& a,
-                                                  const Rows4To& o, const StagedRows& sr) {
-  const float4 y = activate4(acc, j, a);
-  const float ys[4] = {y.x, y.y, y.z, y.w};
-  const int rel = o.first - o.base;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if ((o.live >> e) & 1u) sr.stage[rel + __popc(o.live & ((1u << e) - 1u))] = ys[e];
-  }
-  __syncwarp(sr.qmask);
-  const int i = threadIdx.x & 7;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if (sr.p[k]) sr.p[k][(i64)j * 32] = sr.stage[i + 8 * k];
-  }
-  __syncwarp(sr.qmask);
   return alive4(y);
 }
 
