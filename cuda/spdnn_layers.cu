@@ -208,37 +208,82 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
 // them come in one 16-byte load (two for values); entries past the degree
 // are loaded (index 0) but not added. Sums in CSR order, one fmaf per value
 // as in layer_csr, so both give the same bits.
+//
+// Through L1/L2 (SMEM false) the loads of indices and values run
+// SPDNN_CSR4_AHEAD chunks of 8 ahead of the chunk being added, so a chunk's
+// gathers (global loads too) start without waiting for its indices. The
+// staged form, whose gathers are shared loads, loads one chunk ahead: two made
+// its layers slower (H200, pruned MNIST layers at 1000 images: 62 against
+// 48 us). docs/performance.md, v9.
+#ifndef SPDNN_CSR4_AHEAD
+#define SPDNN_CSR4_AHEAD 2
+#endif
+
+struct Csr4Chunk {
+  uint4 idx;
+  float4 v0, v1;
+};
+
+template <bool VALS>
+__device__ __forceinline__ Csr4Chunk csr4_chunk(const uint4* __restrict__ ip,
+                                                const float4* __restrict__ vp, int c) {
+  Csr4Chunk k;
+  k.idx = __ldg(ip + c);
+  if constexpr (VALS) {
+    k.v0 = __ldg(vp + 2 * c);
+    k.v1 = __ldg(vp + 2 * c + 1);
+  } else {
+    k.v0 = k.v1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // not read: uniform weights
+  }
+  return k;
+}
+
+template <bool SMEM, bool VALS>
+__device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int left,
+                                         const float* xq) {
+  const u32 w[4] = {k.idx.x, k.idx.y, k.idx.z, k.idx.w};
+  const float v[8] = {k.v0.x, k.v0.y, k.v0.z, k.v0.w, k.v1.x, k.v1.y, k.v1.z, k.v1.w};
+  float4 x[8];
+#pragma unroll
+  for (int p = 0; p < 8; ++p) {
+    const u32 i = (p & 1) ? (w[p / 2] >> 16) : (w[p / 2] & 0xffffu);
+    x[p] = load_rows4<SMEM>(xq + i * 32);
+  }
+#pragma unroll
+  for (int p = 0; p < 8; ++p) {
+    if (p < left) {
+      if constexpr (VALS) {
+        acc.x = fmaf(v[p], x[p].x, acc.x);
+        acc.y = fmaf(v[p], x[p].y, acc.y);
+        acc.z = fmaf(v[p], x[p].z, acc.z);
+        acc.w = fmaf(v[p], x[p].w, acc.w);
+      } else {
+        add_rows4(acc, x[p]);
+      }
+    }
+  }
+}
+
 template <bool SMEM, bool VALS>
 __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
                                             const float4* __restrict__ vp, int deg,
                                             const float* xq) {
+  constexpr int AHEAD = SMEM ? 1 : SPDNN_CSR4_AHEAD;
+  const int n = (deg + 7) / 8;  // chunks
+  Csr4Chunk ring[AHEAD];
+#pragma unroll
+  for (int q = 0; q < AHEAD; ++q) {
+    if (q < n) ring[q] = csr4_chunk<VALS>(ip, vp, q);
+  }
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int p0 = 0; p0 < deg; p0 += 8) {
-    const uint4 iv = __ldg(ip + p0 / 8);
-    const u32 w[4] = {iv.x, iv.y, iv.z, iv.w};
-    float v[8];
-    if constexpr (VALS) {
-      const float4 v0 = __ldg(vp + p0 / 4), v1 = __ldg(vp + p0 / 4 + 1);
-      v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w;
-      v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
-    }
-    float4 x[8];
+  for (int c0 = 0; c0 < n; c0 += AHEAD) {
 #pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const u32 i = (p & 1) ? (w[p / 2] >> 16) : (w[p / 2] & 0xffffu);
-      x[p] = load_rows4<SMEM>(xq + i * 32);
-    }
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      if (p0 + p < deg) {
-        if constexpr (VALS) {
-          acc.x = fmaf(v[p], x[p].x, acc.x);
-          acc.y = fmaf(v[p], x[p].y, acc.y);
-          acc.z = fmaf(v[p], x[p].z, acc.z);
-          acc.w = fmaf(v[p], x[p].w, acc.w);
-        } else {
-          add_rows4(acc, x[p]);
-        }
+    for (int q = 0; q < AHEAD; ++q) {
+      const int c = c0 + q;
+      if (c < n) {
+        const Csr4Chunk k = ring[q];
+        if (c + AHEAD < n) ring[q] = csr4_chunk<VALS>(ip, vp, c + AHEAD);
+        csr4_add<SMEM, VALS>(acc, k, deg - 8 * c, xq);
       }
     }
   }

@@ -161,6 +161,7 @@ def test_csr4_layout_aligns_each_output_and_keeps_csr_order(values):
     layer = Layer.from_coo(i, j, vals, 70, 45)
     assert lay.plan_layer(layer, 200 * 1024).kind == "csr4_smem"
     assert lay.plan_layer(layer, 1024).kind == "csr4_global"
+    assert lay.plan_layer(layer, 200 * 1024, "global").kind == "csr4_global"
     assert lay.plan_layer(layer, 200 * 1024, "csr").kind == "csr_smem"
     spans, idx, v = lay.csr4_layout(layer)
     deg = np.diff(layer.indptr)

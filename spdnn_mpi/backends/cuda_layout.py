@@ -150,7 +150,8 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     (``global``). Everything else takes a CSR kernel: ``csr4`` (float4 rows,
     any degree and values) with 16-bit indices, the general ``csr`` with
     32-bit ones. ``variant`` forces one of them (``smem32`` only where the
-    tile fits; ``group`` whatever the fill; ``csr``: the general CSR kernel).
+    tile fits; ``group`` whatever the fill; ``global``: inputs through L1/L2,
+    ELL or CSR4; ``csr``: the general CSR kernel).
     """
     check_variant(variant)
     d = layer.row_degree
@@ -174,7 +175,7 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     vals = "true" if layer.values is not None else "false"
     itype = "u16" if np.dtype(layer.indices.dtype) == np.uint16 else "int"
     if itype == "u16" and variant != "csr":  # float4 rows, 8 indices a load
-        if fits32:
+        if fits32 and variant != "global":
             return LayerPlan("csr4_smem", f"layer_csr4<true,{vals}>", 0, tile_bytes)
         return LayerPlan("csr4_global", f"layer_csr4<false,{vals}>", 0, 0)
     if fits32:
