@@ -163,6 +163,9 @@ def test_csr4_layout_aligns_each_output_and_keeps_csr_order(values):
     assert lay.plan_layer(layer, 1024).kind == "csr4_global"
     assert lay.plan_layer(layer, 200 * 1024, "global").kind == "csr4_global"
     assert lay.plan_layer(layer, 200 * 1024, "csr").kind == "csr_smem"
+    narrow = Layer.from_coo(i % 16, j % 16, vals, 70, 16)
+    assert lay.plan_layer(narrow, 200 * 1024).kind == "csr4_global"
+    assert lay.plan_layer(narrow, 200 * 1024, "smem32").kind == "csr4_smem"
     spans, idx, v = lay.csr4_layout(layer)
     deg = np.diff(layer.indptr)
     assert np.array_equal(spans[:, 1], deg) and np.all(spans[:, 0] % 8 == 0)

@@ -1,11 +1,13 @@
 """Where a small batch's time goes on the GPU: one shipped pruned model at a time.
 
     PYTHONPATH=. python3 tools/model_run_probe.py [--label NAME] [--sparsity 90 95 99]
+        [--variant auto] [--define SPDNN_CSR4_COOP=0 ...]
 
 For each model, on its 1000 held-out digits: the median over ``--runs`` of the
-engine's timed run (``run_inference``), of the device stamps' span (layers),
-and of the layers plus ``finish`` called directly. Run it with PYTHONPATH at
-an older tree (a ``git archive``) to compare two trees in the same call.
+engine's timed run (``run_inference``), of the device stamps' span (layers)
+and of each layer's stamp, and of the layers plus ``finish`` called directly.
+Run it with PYTHONPATH at an older tree (a ``git archive``) to compare two
+trees in the same call, or with ``--define`` to compare kernel settings.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sparsity", type=int, nargs="+", default=[90, 95, 99],
                    help="shipped models to probe, by sparsity in per cent")
     p.add_argument("--runs", type=int, default=40, help="timed runs per measurement")
+    p.add_argument("--variant", default="auto", help="CUDA kernel variant (CudaBackend)")
+    p.add_argument("--define", action="append", default=[], metavar="NAME=INT",
+                   help="kernel #define over the defaults, repeatable")
     args = p.parse_args(argv)
+    defines = {}
+    for d in args.define:
+        name, _, value = d.partition("=")
+        if not value.lstrip("-").isdigit():
+            p.error(f"--define {d!r}: expected NAME=INT")
+        defines[name] = int(value)
 
     from spdnn_mpi.backends.cuda import CudaBackend
     from spdnn_mpi.engine import run_inference
@@ -38,15 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         for sparsity in args.sparsity:
             with Store(mm.model_store(mm.find_model(sparsity), Path(tmp))) as store:
                 net, rows = store.network(), store.inputs()
-            backend = CudaBackend()
+            backend = CudaBackend(variant=args.variant, defines=defines)
             backend.load_network(net.layers)
             for _ in range(5):  # graphs captured, buffers sized
                 run_inference(net, rows, backend, want_features=True)
-            total, stamps, direct = [], [], []
+            total, stamps, direct, per_layer = [], [], [], []
             for _ in range(args.runs):
                 res = run_inference(net, rows, backend, want_features=True)
                 total.append(res.seconds)
                 stamps.append(sum(res.layer_seconds))
+                per_layer.append(res.layer_seconds)
             for _ in range(args.runs):
                 backend.load_features(rows, True)
                 backend.synchronize()
@@ -55,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                     backend.run_layer(k, False)
                 backend.finish(True)
                 direct.append(time.perf_counter() - t0)
-            print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us;"
-                  f" layers+finish direct {us(direct)} us; rows {rows.n_rows}", flush=True)
+            layers = " ".join(f"{x * 1e6:.1f}" for x in np.median(per_layer, axis=0))
+            print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us"
+                  f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}",
+                  flush=True)
     return 0
 
 

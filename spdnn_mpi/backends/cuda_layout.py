@@ -129,6 +129,12 @@ GROUP_SLOTS = 16
 #: Least mean fill of the groups (outputs / slots) for ``auto`` to keep the
 #: grouped kernel: below it padded slots cost more than the shared loads save.
 GROUP_MIN_FILL = 0.5
+#: Most outputs for which ``auto`` reads a CSR4 layer's inputs through L1/L2 even
+#: where the tile fits in shared memory: a tile then has at most 4 warp steps, so
+#: the block stages all of it for 4 of its 16 warps (H200, the pruned MNIST
+#: classifiers' 10-output layer: 6.4-7.7 against 9.5-10.2 us at 95-99 %,
+#: docs/performance.md, v9).
+CSR4_NARROW_OUTPUTS = 16
 
 
 def check_variant(variant: str) -> None:
@@ -148,8 +154,9 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     uniform weights with such a degree take the ELL kernels: the whole 32-row
     tile in shared memory when it fits (``smem32``), else the L1/L2 kernel
     (``global``). Everything else takes a CSR kernel: ``csr4`` (float4 rows,
-    any degree and values) with 16-bit indices, the general ``csr`` with
-    32-bit ones. ``variant`` forces one of them (``smem32`` only where the
+    any degree and values) with 16-bit indices, staged unless the layer has at
+    most ``CSR4_NARROW_OUTPUTS`` outputs, the general ``csr`` with 32-bit ones.
+    ``variant`` forces one of them (``smem32`` only where the
     tile fits; ``group`` whatever the fill; ``global``: inputs through L1/L2,
     ELL or CSR4; ``csr``: the general CSR kernel).
     """
@@ -175,7 +182,8 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     vals = "true" if layer.values is not None else "false"
     itype = "u16" if np.dtype(layer.indices.dtype) == np.uint16 else "int"
     if itype == "u16" and variant != "csr":  # float4 rows, 8 indices a load
-        if fits32 and variant != "global":
+        narrow = variant == "auto" and layer.n_out <= CSR4_NARROW_OUTPUTS
+        if fits32 and variant != "global" and not narrow:
             return LayerPlan("csr4_smem", f"layer_csr4<true,{vals}>", 0, tile_bytes)
         return LayerPlan("csr4_global", f"layer_csr4<false,{vals}>", 0, 0)
     if fits32:
