@@ -42,6 +42,9 @@ class Backend(Protocol):
 
     name: str
     tile_rows: int  # rows computed as one unit (merging below this saves nothing)
+    #: fewest layers that must follow a checkpoint for the engine to look at it
+    #: (a look costs this backend about as much as that many small layers)
+    check_min_layers_left: int
 
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         """Upload the weights and build the backend's layout (not timed as inference).
@@ -180,7 +183,8 @@ def run_inference(
         comp = Compressor(part.n_rows, backend.tile_rows) if compress == "auto" else None
         for k in range(n_layers):
             backend.run_layer(k, drop[k + 1])
-            if comp is not None and k + 1 < n_layers and is_checkpoint(k + 1):
+            if (comp is not None and n_layers - (k + 1) >= backend.check_min_layers_left
+                    and is_checkpoint(k + 1)):
                 if comp.due(k + 1) and comp.wants_check(k + 1, backend.live_count(),
                                                         network.layers[k].n_out,
                                                         backend.check_pays):

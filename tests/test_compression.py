@@ -110,6 +110,29 @@ def test_rows_that_never_collapse_pay_few_checks(name):
     assert [e["layer"] for e in events] == [1, 4, 8, 16, 32, 64, 128]
 
 
+def test_no_look_where_too_few_layers_follow(monkeypatch):
+    """A backend whose looks are dear (CUDA: 8 layers) is not asked for the live
+    count, nor to merge, at checkpoints with fewer layers after them."""
+    rng = np.random.default_rng(4)
+    rows = duplicated_rows(rng, 100, 2, 60, binary=False)  # more than a tile's rows
+    for n_layers, looks in [(6, []), (12, [1, 2, 4])]:
+        net = random_network(rng, [60] * (n_layers + 1), 0.2, bias="positive")
+        backend = make_backend("cpu")
+        backend.check_min_layers_left = 8
+        backend.load_network(net.layers)
+        asked = []
+
+        def live_count(count=backend.live_count, asked=asked):
+            asked.append(1)
+            return count()
+
+        monkeypatch.setattr(backend, "live_count", live_count)
+        auto = run_inference(net, rows, backend, want_features=True, compress="auto")
+        assert_same(run(net, rows, "cpu", "off"), auto)
+        assert [e["layer"] for e in auto.compression[0]] == looks
+        assert len(asked) == len(looks)
+
+
 def test_checkpoints_do_not_depend_on_data():
     points = [k for k in range(1, 200) if is_checkpoint(k)]
     assert points[:4] == [1, 2, 4, 8] and 64 in points and 96 in points and 65 not in points

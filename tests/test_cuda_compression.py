@@ -61,7 +61,7 @@ def _uniform_saturating(rng, width, n_layers, degree=32):
 @pytest.mark.parametrize("batch", [None, 333])
 def test_duplicated_inputs(variant, batch):
     rng = np.random.default_rng(11)
-    net = random_network(rng, [96] * 10, 0.2, bias="vector")
+    net = random_network(rng, [96] * 17, 0.2, bias="vector")  # looks need 8 layers after
     for layer in net.layers:
         layer.bias = np.minimum(layer.bias_vector(), 0)
     rows = duplicated_rows(rng, 300, 5, 96, binary=False)

@@ -21,6 +21,7 @@ from spdnn_mpi.model import Layer, SparseRows
 
 class CpuBackend:
     name = "cpu"
+    check_min_layers_left = 1  # a look costs a few per cent of a layer: wherever one follows
 
     def __init__(
         self, threads: int | None = None, memory_fraction: float = 0.5, **_options

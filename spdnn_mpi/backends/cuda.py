@@ -73,6 +73,11 @@ class CudaBackend:
 
     name = "cuda"
     tile_rows = lay.TILE_ROWS
+    #: a look at a checkpoint waits for the device and cuts the graph: on an
+    #: H200, 1000 images through a 3-layer 1024-wide MNIST model took 0.90 ms
+    #: with the looks after layers 1 and 2 against 0.22 ms without; with fewer
+    #: layers left than this there is too little to save
+    check_min_layers_left = 8
 
     def __init__(
         self,

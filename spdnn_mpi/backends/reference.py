@@ -17,6 +17,7 @@ from spdnn_mpi.model import Layer, SparseRows
 class ReferenceBackend:
     name = "reference"
     tile_rows = 1
+    check_min_layers_left = 1  # looks are free: merge wherever a layer follows
 
     def __init__(self, **_options) -> None:
         self._layers: list = []
