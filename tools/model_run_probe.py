@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", default="auto", help="CUDA kernel variant (CudaBackend)")
     p.add_argument("--define", action="append", default=[], metavar="NAME=INT",
                    help="kernel #define over the defaults, repeatable")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time finish's parts and one graph launch from an idle GPU")
     args = p.parse_args(argv)
     defines = {}
     for d in args.define:
@@ -68,10 +70,68 @@ def main(argv: list[str] | None = None) -> int:
                 backend.finish(True)
                 direct.append(time.perf_counter() - t0)
             layers = " ".join(f"{x * 1e6:.1f}" for x in np.median(per_layer, axis=0))
+            if args.breakdown:
+                print(f"{args.label} {sparsity} % {breakdown(backend, net, rows, args.runs)}")
             print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us"
                   f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}",
                   flush=True)
     return 0
+
+
+def breakdown(backend, net, rows, runs: int) -> str:
+    """Median us of finish's parts (wrapped), of one graph launch from an idle
+    GPU to its end (host wall and CUDA events), and of back-to-back launches."""
+    import spdnn_mpi.backends.cuda as cuda_mod
+
+    spent: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent.setdefault(name, []).append(time.perf_counter() - t)
+        return wrapper
+
+    saved = (backend._flush, backend._track_peak, backend._results_buffers,
+             cuda_mod.unpack_results)
+    backend._flush = timed("flush(launch)", backend._flush)
+    backend._track_peak = timed("track_peak", backend._track_peak)
+    backend._results_buffers = timed("results_buffers", backend._results_buffers)
+    cuda_mod.unpack_results = timed("unpack", cuda_mod.unpack_results)
+    finish = timed("finish", backend.finish)
+    for _ in range(runs):
+        backend.load_features(rows, True)
+        backend.synchronize()
+        for k in range(net.n_layers):
+            backend.run_layer(k, False)
+        finish(True)
+    (backend._flush, backend._track_peak, backend._results_buffers,
+     cuda_mod.unpack_results) = saved
+    graph = next(iter(backend._graphs.values()))
+    stream, cp = backend._stream, backend._cp
+    wall, events = [], []
+    for _ in range(runs):
+        stream.synchronize()
+        time.sleep(0.002)  # idle, as between a run's input load and its launch
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        t = time.perf_counter()
+        e0.record(stream)
+        graph.launch(stream=stream)
+        e1.record(stream)
+        stream.synchronize()
+        wall.append(time.perf_counter() - t)
+        events.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3)
+    stream.synchronize()
+    t = time.perf_counter()
+    for _ in range(runs):
+        graph.launch(stream=stream)
+    stream.synchronize()
+    back = (time.perf_counter() - t) / runs
+    parts = " ".join(f"{k} {np.median(v) * 1e6:.1f}" for k, v in spent.items())
+    return (f"breakdown us: {parts}; one graph from idle: wall {np.median(wall) * 1e6:.1f} "
+            f"events {np.median(events) * 1e6:.1f}; back-to-back {back * 1e6:.1f} per graph")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """A few challenge layers on the CUDA backend without graphs, for a profiler.
 
     ncu --kernel-name regex:layer_ python tools/profile_layers.py --n 4096 --layers 6
+    ncu --kernel-name regex:layer_ python tools/profile_layers.py --model 95
 
 Builds the RadiX-Net network and 60000 MNIST-derived inputs the benchmarks
-use, runs once to warm up (compilation), then once more: the kernels of the
-second run are the ones to look at (skip the first run's launches).
+use (or, with ``--model``, takes a shipped pruned MNIST model and its 1000
+held-out digits), runs once to warm up (compilation), then once more: the
+kernels of the second run are the ones to look at (skip the first run's
+launches).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=6, help="layers")
     p.add_argument("--images", type=int, default=60000, help="input images")
     p.add_argument("--variant", default="auto", help="CUDA kernel variant")
+    p.add_argument("--model", type=int, default=None, metavar="SPARSITY",
+                   help="a shipped pruned MNIST model (per cent) instead of RadiX-Net")
     args = p.parse_args(argv)
 
     from spdnn_mpi.backends.cuda import CudaBackend
@@ -26,8 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     from spdnn_mpi.generators.radixnet import radixnet_network
     from spdnn_mpi.peers.gpu import suite_inputs
 
-    net = radixnet_network(args.n, args.layers)
-    rows = suite_inputs(args.n, args.images, None)
+    if args.model is not None:
+        from pathlib import Path
+        from tempfile import TemporaryDirectory
+
+        from spdnn_mpi.formats.store import Store
+        from spdnn_mpi.generators import mnist_models as mm
+
+        with TemporaryDirectory() as tmp:
+            with Store(mm.model_store(mm.find_model(args.model), Path(tmp))) as store:
+                net, rows = store.network(), store.inputs()
+    else:
+        net = radixnet_network(args.n, args.layers)
+        rows = suite_inputs(args.n, args.images, None)
     backend = CudaBackend(variant=args.variant, graphs=False)
     backend.load_network(net.layers)
     for run in ("warm-up", "profiled"):
