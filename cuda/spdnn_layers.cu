@@ -101,9 +101,40 @@ __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, con
   return acc;
 }
 
+#ifndef SPDNN_TILE_SHARES
+#define SPDNN_TILE_SHARES 1  // few tiles: split each tile among grid / n_tiles blocks (0: plain shares)
+#endif
+
+// The block's range [begin, end) of the n_tiles x n_steps (tile, output step)
+// units. Plain shares are contiguous and equal, so blocks differ by at most
+// one unit, but with no more tiles than blocks (small batches) most shares
+// straddle two tiles: such a block stages both and ends a round of its warps
+// in each. Then each tile is split among gridDim.x / n_tiles blocks instead,
+// where that costs at most one more round of the block's warps.
+__device__ __forceinline__ void block_units(int n_tiles, int n_steps, int nwarps, i64& begin,
+                                            i64& end) {
+  const i64 n_units = (i64)n_tiles * n_steps;
+  const i64 per_block = (n_units + gridDim.x - 1) / gridDim.x;
+  if (SPDNN_TILE_SHARES && n_tiles > 0 && n_tiles <= (int)gridDim.x) {
+    const int parts = (int)gridDim.x / n_tiles;
+    const int per_part = (n_steps + parts - 1) / parts;
+    if (per_part <= per_block + nwarps) {
+      // tile fastest: the blocks with work are the lowest ids, one per SM first
+      const int part = (int)blockIdx.x / n_tiles, t = (int)blockIdx.x - part * n_tiles;
+      const int c0 = part < parts ? min(n_steps, part * per_part) : n_steps;
+      const int c1 = part < parts ? min(n_steps, c0 + per_part) : n_steps;
+      begin = (i64)t * n_steps + c0;
+      end = (i64)t * n_steps + c1;
+      return;
+    }
+  }
+  begin = min(n_units, (i64)blockIdx.x * per_block);
+  end = min(n_units, begin + per_block);
+}
+
 // One ELL layer: the block takes a contiguous range of the (tile, output step)
-// units, so blocks differ by at most one step of work and each block meets a
-// tile once: staged once (SMEM), its alive bits ORed once per warp. Output
+// units (``block_units``), so each block meets a tile once: staged once
+// (SMEM), its alive bits ORed once per warp. Output
 // slot s computes output out_ids[s] (the host's locality order: slots that
 // read the same inputs are neighbours, so their gathers hit in L1).
 // The walk is shared by the ELL and the CSR4 kernels: sum(s, xq) returns the
@@ -122,10 +153,9 @@ __device__ __forceinline__ void rows4_walk(const LayerArgs& a, const Compaction&
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane / LANES, r4 = (lane % LANES) * 4;
   const int n_steps = (a.n_out + OUTPUTS_PER_STEP - 1) / OUTPUTS_PER_STEP;
-  const i64 n_units = (i64)n_tiles * n_steps;
-  const i64 per_block = (n_units + gridDim.x - 1) / gridDim.x;
-  const i64 u_end = min(n_units, (i64)blockIdx.x * per_block + per_block);
-  for (i64 u = (i64)blockIdx.x * per_block; u < u_end;) {
+  i64 u_begin, u_end;
+  block_units(n_tiles, n_steps, nwarps, u_begin, u_end);
+  for (i64 u = u_begin; u < u_end;) {
     const int t = (int)(u / n_steps);
     const int c0 = (int)(u - (i64)t * n_steps);
     const int c1 = (int)min((i64)n_steps, c0 + (u_end - u));
