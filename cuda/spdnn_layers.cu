@@ -321,8 +321,13 @@ __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
 }
 
 // spans[j] = (first entry, degree) of output j in idx/vals (first a multiple of 8).
+#ifndef SPDNN_CSR4_MIN_BLOCKS
+#define SPDNN_CSR4_MIN_BLOCKS 1  // blocks an SM the L1/L2 form is compiled for (register cap)
+#endif
+
 template <bool SMEM, bool VALS>
-__global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREADS)
+__global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREADS,
+                                  SMEM ? 1 : SPDNN_CSR4_MIN_BLOCKS)
     layer_csr4(LAYER_PARAMS, const int2* __restrict__ spans, const u16* __restrict__ idx,
                const float* __restrict__ vals) {
   LAYER_ARGS;

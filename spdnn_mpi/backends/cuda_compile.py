@@ -30,6 +30,8 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GROUP_BATCH": 8,
     # index/value chunks the L1/L2 CSR4 kernel loads ahead (the staged one: 1)
     "SPDNN_CSR4_AHEAD": 2,
+    # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
+    "SPDNN_CSR4_MIN_BLOCKS": 1,
 }
 #: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
