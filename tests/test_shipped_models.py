@@ -52,6 +52,20 @@ def test_shipped_model_predictions_and_accuracy(entry, tmp_path):
     np.testing.assert_array_equal(ours, label.reshape(-1))
 
 
+def test_model_network_is_the_stores(tmp_path):
+    """The tools' shortcut gives the network and digits the imported store holds."""
+    entry = SHIPPED[0]
+    net, rows = mm.model_network(entry)
+    with Store(mm.model_store(entry, tmp_path)) as st:
+        want_net, want_rows = st.network(), st.inputs()
+    assert [lay.nnz for lay in net.layers] == [lay.nnz for lay in want_net.layers]
+    for got, want in zip(net.layers, want_net.layers):
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.weight_values(), want.weight_values())
+        np.testing.assert_array_equal(got.bias_vector(), want.bias_vector())
+    np.testing.assert_array_equal(rows.to_dense(), want_rows.to_dense())
+
+
 def test_demo_model_runs_without_training(tmp_path, capsys):
     assert main(["demo", "--model", "95", "--cache-dir", str(tmp_path), "--backend", "cpu"]) == 0
     out = capsys.readouterr()

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
-from tempfile import TemporaryDirectory
 
 import numpy as np
 
@@ -41,40 +39,37 @@ def main(argv: list[str] | None = None) -> int:
 
     from spdnn_mpi.backends.cuda import CudaBackend
     from spdnn_mpi.engine import run_inference
-    from spdnn_mpi.formats.store import Store
     from spdnn_mpi.generators import mnist_models as mm
 
     def us(x: list[float]) -> str:
         return f"{np.median(x) * 1e6:.1f}"
 
-    with TemporaryDirectory() as tmp:
-        for sparsity in args.sparsity:
-            with Store(mm.model_store(mm.find_model(sparsity), Path(tmp))) as store:
-                net, rows = store.network(), store.inputs()
-            backend = CudaBackend(variant=args.variant, defines=defines)
-            backend.load_network(net.layers)
-            for _ in range(5):  # graphs captured, buffers sized
-                run_inference(net, rows, backend, want_features=True)
-            total, stamps, direct, per_layer = [], [], [], []
-            for _ in range(args.runs):
-                res = run_inference(net, rows, backend, want_features=True)
-                total.append(res.seconds)
-                stamps.append(sum(res.layer_seconds))
-                per_layer.append(res.layer_seconds)
-            for _ in range(args.runs):
-                backend.load_features(rows, True)
-                backend.synchronize()
-                t0 = time.perf_counter()
-                for k in range(net.n_layers):
-                    backend.run_layer(k, False)
-                backend.finish(True)
-                direct.append(time.perf_counter() - t0)
-            layers = " ".join(f"{x * 1e6:.1f}" for x in np.median(per_layer, axis=0))
-            if args.breakdown:
-                print(f"{args.label} {sparsity} % {breakdown(backend, net, rows, args.runs)}")
-            print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us"
-                  f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}",
-                  flush=True)
+    for sparsity in args.sparsity:
+        net, rows = mm.model_network(mm.find_model(sparsity))
+        backend = CudaBackend(variant=args.variant, defines=defines)
+        backend.load_network(net.layers)
+        for _ in range(5):  # graphs captured, buffers sized
+            run_inference(net, rows, backend, want_features=True)
+        total, stamps, direct, per_layer = [], [], [], []
+        for _ in range(args.runs):
+            res = run_inference(net, rows, backend, want_features=True)
+            total.append(res.seconds)
+            stamps.append(sum(res.layer_seconds))
+            per_layer.append(res.layer_seconds)
+        for _ in range(args.runs):
+            backend.load_features(rows, True)
+            backend.synchronize()
+            t0 = time.perf_counter()
+            for k in range(net.n_layers):
+                backend.run_layer(k, False)
+            backend.finish(True)
+            direct.append(time.perf_counter() - t0)
+        layers = " ".join(f"{x * 1e6:.1f}" for x in np.median(per_layer, axis=0))
+        if args.breakdown:
+            print(f"{args.label} {sparsity} % {breakdown(backend, net, rows, args.runs)}")
+        print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us"
+              f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}",
+              flush=True)
     return 0
 
 

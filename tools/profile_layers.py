@@ -32,15 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     from spdnn_mpi.peers.gpu import suite_inputs
 
     if args.model is not None:
-        from pathlib import Path
-        from tempfile import TemporaryDirectory
-
-        from spdnn_mpi.formats.store import Store
         from spdnn_mpi.generators import mnist_models as mm
 
-        with TemporaryDirectory() as tmp:
-            with Store(mm.model_store(mm.find_model(args.model), Path(tmp))) as store:
-                net, rows = store.network(), store.inputs()
+        net, rows = mm.model_network(mm.find_model(args.model))
     else:
         net = radixnet_network(args.n, args.layers)
         rows = suite_inputs(args.n, args.images, None)

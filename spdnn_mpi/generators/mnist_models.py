@@ -60,6 +60,18 @@ def find_model(sparsity: float) -> dict:
     raise SpdnnError(f"no shipped model with {100 * target:g}% sparsity; shipped: {have}")
 
 
+def model_network(entry: dict):
+    """(network, held-out digits) of one shipped model, through a throwaway store
+    (the tools' way to a model without a cache directory)."""
+    from tempfile import TemporaryDirectory
+
+    from spdnn_mpi.formats.store import Store
+
+    with TemporaryDirectory() as tmp:
+        with Store(model_store(entry, Path(tmp))) as store:
+            return store.network(), store.inputs()
+
+
 def model_store(entry: dict, directory: Path, force: bool = False) -> Path:
     """The store of one shipped model with the held-out digits and labels, imported once."""
     from spdnn_mpi.formats.model_store import import_model
