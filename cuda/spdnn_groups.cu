@@ -20,6 +20,15 @@
 // run close together and the second read hits in L2. Once one tile of
 // compressed rows is held, uniform layers run the few-row ELL kernels instead
 // (the same sums; cuda.py), layers with values this kernel over that tile.
+//
+// Uniform layers (one value for every weight) also have a shared-sum form,
+// layer_group_sum: the outputs of a group read the same inputs with the same
+// weight, so the per-slot sums above are one and the same sequence of adds.
+// It is done once per group and row (in CSR order, as every slot did) and
+// each slot applies its own scale, bias and activation: the same bits, with
+// 1/16 of the adds and no weight loads, so the kernel is a stream of input
+// loads and output stores. Every live row and every output is still computed
+// and written (no rows are merged: that is the compressed mode's business).
 #include "spdnn_layer.cuh"
 
 #ifndef SPDNN_GROUP_THREADS
@@ -34,21 +43,96 @@
 #ifndef SPDNN_GROUP_BATCH
 #define SPDNN_GROUP_BATCH 8  // input loads issued per lane before their multiply-adds
 #endif
+#ifndef SPDNN_GSUM_MIN_BLOCKS
+#define SPDNN_GSUM_MIN_BLOCKS 2  // blocks per SM of the shared-sum form
+#endif
+#ifndef SPDNN_GSUM_COALESCE
+#define SPDNN_GSUM_COALESCE 0  // 1: compacting stores of the shared-sum form in slot order
+#endif
+#ifndef SPDNN_GSUM_BATCH
+#define SPDNN_GSUM_BATCH 32  // input loads per lane in flight in the shared-sum form
+#endif
 #define GROUP_SLOTS 16
+
+// Compacting epilogue of the shared-sum form. Every slot of a group stores
+// the same rows, so the quarter-warp's live rows are put in slot order once
+// (through stage, 32 floats of this quarter) and its 8 lanes then store 8
+// consecutive slots at a time, one or two 32-byte sectors, where each lane
+// would store its own 4 scattered rows (4 sectors an instruction). Returns
+// the alive bits as bits of output tiles o.t0, o.t0 + 1.
+template <int LS>
+__device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __restrict__ op,
+                                                   const LayerArgs& a, const Rows4To& o,
+                                                   float* dst, float* stage) {
+  const int lane = threadIdx.x & 31, ql = lane & 7;
+  const int base = __shfl_sync(0xffffffffu, o.first, lane & ~7);  // the tile's first slot
+  const int cnt = __shfl_sync(0xffffffffu, o.first + __popc(o.live), lane | 7) - base;
+  const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+  __syncwarp();
+  int k = o.first - base;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if ((o.live >> e) & 1u) stage[k++] = v[e];
+  }
+  __syncwarp();
+  float4 sums;
+  float* sp = &sums.x;
+  float* p[4];
+  u32 valid = 0u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int kk = ql + 8 * i;
+    const int slot = base + kk;
+    const bool in = kk < cnt;
+    valid |= (u32)in << i;
+    sp[i] = in ? stage[kk] : 0.0f;
+    p[i] = in ? dst + (i64)(slot >> 5) * a.tstride + (slot & 31) : nullptr;
+  }
+  u32 alive = 0u;
+#pragma unroll
+  for (int q = 0; q < LS / 4; ++q) {
+    const int4 o4 = __ldg(op + q);
+    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (ids[e] < 0) continue;
+      const float4 y = activate4(sums, ids[e], a);
+      const float ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (p[i]) p[i][(i64)ids[e] * 32] = ys[i];
+      }
+      alive |= alive4(y);
+    }
+  }
+  alive &= valid;
+  const int rel = base - o.t0 * 32 + ql;
+  u64 bits = 0ull;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if ((alive >> i) & 1u) bits |= 1ull << (rel + 8 * i);
+  }
+  return bits;
+}
 
 // LS slots of one group for this lane's 4 rows (wp, op: at the first of
 // them; xq: the rows' neuron 0), stored in place at out or, compacting, to
-// the rows' compacted slots in dst; returns the rows' alive bits.
-template <int D, int LS, bool COMPACT>
-__device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
+// the rows' compacted slots in dst; returns the rows' alive bits as bits of
+// output tiles o.t0, o.t0 + 1. SUM: one sum for every slot (uniform layers;
+// wp unused; compacting, through stage: sum_store_compacted).
+template <int D, int LS, bool COMPACT, bool SUM>
+__device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
                                            const int4* __restrict__ op,
                                            const float4* __restrict__ wp, const float* xq,
-                                           float* out, const Rows4To& o, float* dst) {
-  constexpr int B = D < SPDNN_GROUP_BATCH ? D : SPDNN_GROUP_BATCH;
+                                           float* out, const Rows4To& o, float* dst,
+                                           float* stage) {
+  constexpr int BATCH = SUM ? SPDNN_GSUM_BATCH : SPDNN_GROUP_BATCH;
+  constexpr int B = D < BATCH ? D : BATCH;
   static_assert(B % 2 == 0 && D % B == 0 && D % 8 == 0, "degree must be a multiple of 8");
-  float4 acc[LS];
+  constexpr int NACC = SUM ? 1 : LS;
+  float4 acc[NACC];
 #pragma unroll
-  for (int o = 0; o < LS; ++o) acc[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int o = 0; o < NACC; ++o) acc[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (int p0 = 0; p0 < D; p0 += B) {
     float4 x[B];
@@ -59,24 +143,35 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
       x[p] = __ldg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
       x[p + 1] = __ldg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
     }
+    if constexpr (SUM) {
 #pragma unroll
-    for (int p = 0; p < B; ++p) {
-      const float4* wk = wp + (p0 + p) * (GROUP_SLOTS / 4);
+      for (int p = 0; p < B; ++p) {  // fmaf(1, x, c) == c + x: the slots' sums exactly
+        acc[0].x = __fadd_rn(acc[0].x, x[p].x);
+        acc[0].y = __fadd_rn(acc[0].y, x[p].y);
+        acc[0].z = __fadd_rn(acc[0].z, x[p].z);
+        acc[0].w = __fadd_rn(acc[0].w, x[p].w);
+      }
+    } else {
 #pragma unroll
-      for (int q = 0; q < LS / 4; ++q) {
-        const float4 w = __ldg(wk + q);
-        const float ws[4] = {w.x, w.y, w.z, w.w};
+      for (int p = 0; p < B; ++p) {
+        const float4* wk = wp + (p0 + p) * (GROUP_SLOTS / 4);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float4& c = acc[q * 4 + e];
-          c.x = fmaf(ws[e], x[p].x, c.x);
-          c.y = fmaf(ws[e], x[p].y, c.y);
-          c.z = fmaf(ws[e], x[p].z, c.z);
-          c.w = fmaf(ws[e], x[p].w, c.w);
+        for (int q = 0; q < LS / 4; ++q) {
+          const float4 w = __ldg(wk + q);
+          const float ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float4& c = acc[q * 4 + e];
+            c.x = fmaf(ws[e], x[p].x, c.x);
+            c.y = fmaf(ws[e], x[p].y, c.y);
+            c.z = fmaf(ws[e], x[p].z, c.z);
+            c.w = fmaf(ws[e], x[p].w, c.w);
+          }
         }
       }
     }
   }
+  if constexpr (SUM && COMPACT && SPDNN_GSUM_COALESCE) return sum_store_compacted<LS>(acc[0], op, a, o, dst, stage);
   u32 alive = 0u;
   float* p[4];
   if constexpr (COMPACT) rows4_ptrs(o, dst, a.tstride, p);
@@ -87,26 +182,26 @@ __device__ __forceinline__ u32 group_rows4(const LayerArgs& a, const uint4* __re
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (ids[e] < 0) continue;
-      alive |= COMPACT ? store_rows4_at(acc[q * 4 + e], ids[e], a, p)
-                       : store_rows4(acc[q * 4 + e], ids[e], a, out);
+      const float4& c = acc[SUM ? 0 : q * 4 + e];
+      alive |= COMPACT ? store_rows4_at(c, ids[e], a, p) : store_rows4(c, ids[e], a, out);
     }
   }
-  return alive;
+  return alive_at(alive, o);
 }
 
-// The kernel's walk over (tile, warp step) units, in place or compacting.
-template <int D, bool COMPACT>
+// The kernel's walk over (tile, warp step) units, in place or compacting; LS
+// slots a lane, SUM as in group_rows4.
+template <int D, int LS, bool COMPACT, bool SUM>
 __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction& cmp,
                                            int n_groups, const u16* __restrict__ gidx,
                                            const int* __restrict__ gout,
                                            const float* __restrict__ gw, int wstride,
-                                           int chunk) {
+                                           int chunk, float* stage) {
   const int n_tiles = ld_state(a.state, ST_TILES);
   const int sel = ld_state(a.state, ST_SEL);
   const float* src = sel ? a.buf1 : a.buf0;
   float* dst = sel ? a.buf0 : a.buf1;
   u32* mask = a.masks + (a.k & 1) * a.max_tiles;
-  constexpr int LS = SPDNN_GROUP_LANE_SLOTS;
   constexpr int SPLIT = GROUP_SLOTS / LS;  // quarter-warps per group
   constexpr int GPW = 4 / SPLIT;  // groups per warp step
   static_assert(LS % 4 == 0 && GROUP_SLOTS % LS == 0 && SPLIT <= 4, "lane slots: 4, 8 or 16");
@@ -136,11 +231,10 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
       const int g = step * GPW + q / SPLIT;
       if (COMPACT && step == 0 && q == 0) move_positions(cmp, o, t, r4);
       const i64 tile_at = (i64)t * a.tstride + r4;
-      alive |= alive_at(group_rows4<D, LS, COMPACT>(a, gidx4 + (i64)g * (D / 8),
-                                                    gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
-                                                    gw4 + ((i64)g * wstride + s0) / 4,
-                                                    src + tile_at, dst + tile_at, o, dst),
-                        o);
+      alive |= group_rows4<D, LS, COMPACT, SUM>(a, gidx4 + (i64)g * (D / 8),
+                                                gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
+                                                gw4 + ((i64)g * wstride + s0) / 4,
+                                                src + tile_at, dst + tile_at, o, dst, stage);
     }
     flush_alive(mask, o.t0, alive);
   }
@@ -159,10 +253,33 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
                 int chunk) {
   LAYER_ARGS;
   const Compaction cmp = compaction_of(a);
+  constexpr int LS = SPDNN_GROUP_LANE_SLOTS;
   if (cmp.on) {
-    group_walk<D, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk);
+    group_walk<D, LS, true, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk, nullptr);
   } else {
-    group_walk<D, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk);
+    group_walk<D, LS, false, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk, nullptr);
+  }
+  finish_layer(a, cmp.on);
+}
+
+// The shared-sum form for uniform layers (gw, wstride: unused, kept so both
+// forms take the same arguments): a lane computes all 16 slots of its group
+// from one sum, 4 groups a warp step.
+template <int D>
+__global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GSUM_MIN_BLOCKS)
+    layer_group_sum(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
+                    const int* __restrict__ gout, const float* __restrict__ gw, int wstride,
+                    int chunk) {
+  LAYER_ARGS;
+  __shared__ float stage[SPDNN_GROUP_THREADS * 4];  // 32 floats a quarter-warp
+  float* my_stage = stage + (threadIdx.x >> 3) * 32;
+  const Compaction cmp = compaction_of(a);
+  if (cmp.on) {
+    group_walk<D, GROUP_SLOTS, true, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk,
+                                           my_stage);
+  } else {
+    group_walk<D, GROUP_SLOTS, false, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk,
+                                            my_stage);
   }
   finish_layer(a, cmp.on);
 }

@@ -210,7 +210,7 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
     limit = 227 * 1024
     layer = radixnet_network(n, 1).layers[0]
     entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
-    assert entry["kern"].name == "layer_group<32>" and entry["plan"].kind == "group"
+    assert entry["kern"].name == "layer_group_sum<32>" and entry["plan"].kind == "group"
     for rows, (kern, grid, threads, smem) in entry["small"].items():
         assert kern.name == f"{held_kernel}<32,{rows},true>" and grid >= 1
         assert threads == (512 if held_kernel == "layer_ell_smem" else 256)
@@ -220,6 +220,24 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
     assert np.array_equal(np.sort(out_ids), np.arange(n))  # every output once
     rows = layer.indices.reshape(n, 32)
     assert np.array_equal(idx.reshape(n, 32), rows[out_ids])  # its own inputs, CSR order
+
+
+def test_uniform_grouped_layers_take_the_shared_sum_form_unless_told_not_to():
+    """One weight for every edge: a group's slots share one sum (layer_group_sum);
+    SPDNN_GROUP_SUM=0 or per-edge values keep every slot's own sum (layer_group)."""
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    limit = 227 * 1024
+    layer = radixnet_network(1024, 1).layers[0]
+    values = np.random.default_rng(1).normal(size=layer.nnz).astype(np.float32)
+    valued = Layer(layer.n_in, layer.n_out, layer.indptr, layer.indices, values, None, -0.3)
+    plain = _planning_launcher()
+    plain.defines["SPDNN_GROUP_SUM"] = 0
+    for launcher, case, want in [(_planning_launcher(), layer, "layer_group_sum<32>"),
+                                 (plain, layer, "layer_group<32>"),
+                                 (_planning_launcher(), valued, "layer_group<32>")]:
+        entry = launcher.layer_entry(case, lay.plan_layer(case, limit), limit)
+        assert entry["plan"].kind == "group" and entry["kern"].name == want
 
 
 @pytest.mark.parametrize("n_in,kind,kernel", [(300, "csr4_smem", "layer_csr4<true,true>"),
@@ -447,10 +465,12 @@ def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, valu
     if not values:
         _, ref = reference_infer(net, rows)
         assert np.array_equal(res.features, ref)
-    # 16 slots a lane, warps taking 4 steps in a row: another split, the same sums
+    # 16 slots a lane, warps taking 4 steps in a row, and uniform layers with every
+    # slot summing on its own (not the shared-sum form): another split, the same sums
     plain = _backend(variant="group", defines={"SPDNN_GROUP_CHUNK": 4,
                                                "SPDNN_GROUP_LANE_SLOTS": 16,
-                                               "SPDNN_GROUP_MIN_BLOCKS": 2})
+                                               "SPDNN_GROUP_MIN_BLOCKS": 2,
+                                               "SPDNN_GROUP_SUM": 0})
     plain.load_network(net.layers)
     again = run_inference(net, rows, plain, want_features=True)
     assert np.array_equal(again.alive_ids, res.alive_ids)
@@ -521,6 +541,46 @@ def test_compaction_written_by_the_next_layer(n_layers):
         other = _backend(graphs=kw.get("graphs", True))
         other.load_network(net.layers)
         again = run_inference(net, rows, other, batch=kw.get("batch"), want_features=True)
+        assert np.array_equal(again.alive_ids, res.alive_ids)
+        assert np.array_equal(again.features, res.features)
+
+
+def _dying_uniform_network(rng) -> tuple[Network, SparseRows]:
+    """Uniform grouped layers (the shared-sum form, odd widths, groups of 9-16) with
+    rows of six densities, so rows die layer after layer and the layers compact."""
+    widths, degrees = [2000, 512, 700, 333, 512], [32, 16, 16, 32]
+    layers = []
+    for k, (n_in, n_out, d) in enumerate(zip(widths[:-1], widths[1:], degrees)):
+        lo, hi = (-0.5, -0.1) if k == 0 else (-0.2, 0.0)
+        layers.append(_block_layer(rng, n_in, n_out, d, values=False, min_group=9,
+                                   bias=rng.uniform(lo, hi, n_out).astype(np.float32)))
+    parts = [_random_rows(rng, 320, widths[0], dens, binary=False)
+             for dens in (0.002, 0.005, 0.01, 0.02, 0.05, 0.3)]
+    indptr = [np.zeros(1, dtype=np.int64)]
+    for p in parts:
+        indptr.append(p.indptr[1:] + indptr[-1][-1])
+    return Network(layers), SparseRows(widths[0], np.concatenate(indptr),
+                                       np.concatenate([p.indices for p in parts]))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_shared_sum_form_compacting_is_bit_identical_to_every_slot_summing():
+    """The shared-sum form of uniform grouped layers, in place and compacting (with
+    each lane's own stores, and with the slot-order stores of SPDNN_GSUM_COALESCE=1),
+    gives the per-slot form's bits and the reference's ids."""
+    net, rows = _dying_uniform_network(np.random.default_rng(5))
+    backend = _backend()
+    res = _check(net, rows, backend)
+    info = backend.describe()
+    assert info["kernels"] == {"group": len(net.layers)}
+    n = int(np.count_nonzero(np.diff(rows.indptr)))
+    assert info["compactions_last_batch"] == _compactions_expected(
+        res.live_per_layer.tolist(), n) >= 3  # live 1217, 809, 494, 320 of 1912
+    for defines in ({"SPDNN_GROUP_SUM": 0}, {"SPDNN_GSUM_COALESCE": 1}):
+        other = _backend(defines=defines)
+        other.load_network(net.layers)
+        again = run_inference(net, rows, other, want_features=True)
         assert np.array_equal(again.alive_ids, res.alive_ids)
         assert np.array_equal(again.features, res.features)
 

@@ -20,7 +20,9 @@ trap 'rm -rf "$work"' EXIT
     echo "template __global__ void layer_ell_global<$d,$form>(P, const u16*, const int*);"
   done; done
   for d in 8 16 32 64; do
-    echo "template __global__ void layer_group<$d>(P, int, const u16*, const int*, const float*, int, int);"
+    for kern in layer_group layer_group_sum; do
+      echo "template __global__ void $kern<$d>(P, int, const u16*, const int*, const float*, int, int);"
+    done
   done
   for smem in true false; do for vals in true false; do
     echo "template __global__ void layer_csr4<$smem,$vals>(P, const int2*, const u16*, const float*);"
@@ -42,5 +44,12 @@ for arch in sm_80 sm_90; do
       echo "FAIL $arch $(basename "$src")"; cat "$work/log"; status=1
     fi
   done
+  # the knob-selected forms the defaults leave out
+  if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \
+      -DSPDNN_GSUM_COALESCE=1 -c "$work/instances.cu" -o "$work/out.o" 2>"$work/log"; then
+    echo "ok   $arch instances.cu (SPDNN_GSUM_COALESCE=1)"
+  else
+    echo "FAIL $arch instances.cu (SPDNN_GSUM_COALESCE=1)"; cat "$work/log"; status=1
+  fi
 done
 exit $status

@@ -28,6 +28,15 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GROUP_LANE_SLOTS": 8,
     "SPDNN_GROUP_MIN_BLOCKS": 3,
     "SPDNN_GROUP_BATCH": 8,
+    # uniform grouped layers: one sum a group (layer_group_sum; 0: every slot its own),
+    # all 32 input loads of a lane issued at once at 2 blocks an SM (128 registers):
+    # 100-110 TE/s against 90-100 with 8 loads at 4 blocks at L = 120 (H200,
+    # docs/performance.md, v10)
+    "SPDNN_GROUP_SUM": 1,
+    "SPDNN_GSUM_MIN_BLOCKS": 2,
+    "SPDNN_GSUM_BATCH": 32,
+    # 1: its compacting stores in slot order (sum_store_compacted); not yet run on a GPU
+    "SPDNN_GSUM_COALESCE": 0,
     # index/value chunks the L1/L2 CSR4 kernel loads ahead (the staged one: 1)
     "SPDNN_CSR4_AHEAD": 2,
     # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
@@ -74,7 +83,8 @@ def kernel_names(degrees: set[int]) -> list[str]:
     for d in sorted(degrees | {32}):
         names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
                   for rows in (0, *lay.ELL_ROWS)]
-    names += [f"layer_group<{d}>" for d in sorted(degrees | {32})]
+    names += [f"{kern}<{d}>" for d in sorted(degrees | {32})
+              for kern in ("layer_group", "layer_group_sum")]
     for smem in ("true", "false"):
         for vals in ("true", "false"):
             names.append(f"layer_csr4<{smem},{vals}>")

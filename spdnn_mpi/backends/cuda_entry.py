@@ -10,7 +10,7 @@ without a GPU (with NumPy as the array module and kernels given by name).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,9 @@ class Launcher:
             groups = lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
+            elif layer.values is None and self.defines.get("SPDNN_GROUP_SUM", 1):
+                # one weight for all: a group's slots share one sum (the same bits)
+                plan = replace(plan, kernel=f"layer_group_sum<{plan.degree}>")
         kern, grid, threads = self.launch(plan)
         keep: list = []  # device arrays the launch arguments point to
         extra_held = None
