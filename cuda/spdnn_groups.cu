@@ -171,7 +171,9 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
       }
     }
   }
-  if constexpr (SUM && COMPACT && SPDNN_GSUM_COALESCE) return sum_store_compacted<LS>(acc[0], op, a, o, dst, stage);
+  if constexpr (SUM && COMPACT && SPDNN_GSUM_COALESCE) {
+    return sum_store_compacted<LS>(acc[0], op, a, o, dst, stage);
+  }
   u32 alive = 0u;
   float* p[4];
   if constexpr (COMPACT) rows4_ptrs(o, dst, a.tstride, p);
