@@ -574,6 +574,7 @@ def test_shared_sum_form_compacting_is_bit_identical_to_every_slot_summing():
     res = _check(net, rows, backend)
     info = backend.describe()
     assert info["kernels"] == {"group": len(net.layers)}
+    assert info["kernel_names"] == {"layer_group_sum<32>": 2, "layer_group_sum<16>": 2}
     n = int(np.count_nonzero(np.diff(rows.indptr)))
     assert info["compactions_last_batch"] == _compactions_expected(
         res.live_per_layer.tolist(), n) >= 3  # live 1217, 809, 494, 320 of 1912

@@ -164,6 +164,7 @@ class CudaBackend:
             "int": self._mod.get_function("scatter_rows<int>"),
         }
         kinds: dict[str, int] = {}
+        forms: dict[str, int] = {}  # kernels by name (layer_group_sum<32>, ...)
         layout_bytes = 0
         width = 0
         self._layers = []
@@ -174,6 +175,7 @@ class CudaBackend:
                 entry = launcher.layer_entry(layer, plan, smem_limit)
                 kind = entry["plan"].kind
                 kinds[kind] = kinds.get(kind, 0) + 1
+                forms[entry["plan"].kernel] = forms.get(entry["plan"].kernel, 0) + 1
                 layout_bytes += sum(int(a.nbytes) for a in entry["keep"])
                 self._layers.append(entry)
                 width = max(width, layer.n_in, layer.n_out)
@@ -192,6 +194,7 @@ class CudaBackend:
         self._track_peak()
         self._info = {
             "kernels": kinds,
+            "kernel_names": forms,
             "layout_bytes": layout_bytes,
             "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
             "compile_seconds": round(compile_s, 4),
