@@ -19,13 +19,35 @@ from spdnn_mpi.memory import available_bytes
 from spdnn_mpi.model import Layer, SparseRows
 
 
+def shared_inputs(layer: Layer) -> tuple | None:
+    """(rep_ptr, rep_indices, members, member_ptr) of a uniform fixed-degree layer
+    whose outputs share their input lists (each list read by two outputs or more on
+    average), else None: the distinct lists in CSR order and, for each, the outputs
+    that read it (see ``cpu_kernels``: one sum per list, the same bits)."""
+    d = layer.row_degree
+    if layer.values is None and d and layer.n_out >= 2:
+        rows = np.ascontiguousarray(np.asarray(layer.indices).reshape(layer.n_out, d))
+        keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * d))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        if 2 * len(first) <= layer.n_out:
+            members = np.argsort(inverse.ravel(), kind="stable").astype(np.int64)
+            member_ptr = np.zeros(len(first) + 1, dtype=np.int64)
+            member_ptr[1:] = np.cumsum(np.bincount(inverse.ravel(), minlength=len(first)))
+            rep_ptr = np.arange(0, d * len(first) + 1, d, dtype=np.int64)
+            return rep_ptr, np.ascontiguousarray(rows[first].ravel()), members, member_ptr
+    return None
+
+
 class CpuBackend:
     name = "cpu"
     check_min_layers_left = 1  # a look costs a few per cent of a layer: wherever one follows
 
     def __init__(
-        self, threads: int | None = None, memory_fraction: float = 0.5, **_options
+        self, threads: int | None = None, memory_fraction: float = 0.5,
+        shared_sums: bool = True, **_options
     ) -> None:
+        """``shared_sums``: uniform layers whose outputs share input lists add each
+        list once (``shared_inputs``; the same bits); False: every output on its own."""
         import numba
 
         from spdnn_mpi.backends import cpu_kernels
@@ -35,6 +57,7 @@ class CpuBackend:
             numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.threads = numba.get_num_threads()
         self._memory_fraction = memory_fraction
+        self._shared_sums = shared_sums
         self._layers: list[tuple] = []
         self.tile_rows = cpu_kernels.TILE_ROWS
         self._cur: np.ndarray | None = None
@@ -57,6 +80,7 @@ class CpuBackend:
                 np.float32(lay.floor),
                 np.float32(np.inf if lay.clip is None else lay.clip),
                 lay.n_out,
+                shared_inputs(lay) if self._shared_sums else None,
             ))
             width = max(width, lay.n_in, lay.n_out)
         self.width = width
@@ -105,13 +129,19 @@ class CpuBackend:
         self._layer_seconds.append(time.perf_counter() - t0)
 
     def _run_layer(self, k: int, drop_dead: bool) -> None:
-        indptr, indices, vals, uniform, bias, floor, clip, n_out = self._layers[k]
-        if self._n_tiles > 1:
+        indptr, indices, vals, uniform, bias, floor, clip, n_out, share = self._layers[k]
+        few = self._n_tiles <= 1 and self._n_active <= self._k.FEW_ROWS
+        if share is not None and self._n_tiles > 1:  # one sum per input list
+            self._k.layer_tiles_shared(self._cur, self._spare, self._n_tiles, *share, vals[0],
+                                       bias, floor, clip, self._alive)
+        elif share is not None and few:
+            self._k.layer_few_rows_shared(self._cur, self._spare, self._n_active, *share,
+                                          vals[0], bias, floor, clip, self._alive)
+        elif self._n_tiles > 1:
             self._k.layer_tiles(self._cur, self._spare, self._n_tiles, indptr, indices, vals,
                                 uniform, bias, floor, clip, self._alive)
         else:  # one tile: only the rows held, on this thread
-            kernel = (self._k.layer_few_rows if self._n_active <= self._k.FEW_ROWS
-                      else self._k.layer_rows)
+            kernel = self._k.layer_few_rows if few else self._k.layer_rows
             kernel(self._cur, self._spare, self._n_active, indptr, indices, vals, uniform, bias,
                    floor, clip, self._alive)
         self._cur, self._spare = self._spare, self._cur
@@ -190,6 +220,8 @@ class CpuBackend:
             "tile_rows": self.tile_rows,
             "cpu_count": os.cpu_count(),
             "kernel": "numba fused gather/bias/activation/clip/alive, neuron-major tiles",
+            # uniform layers whose outputs share input lists: one sum per list
+            "shared_sum_layers": sum(entry[-1] is not None for entry in self._layers),
         }
 
 

@@ -149,6 +149,78 @@ def layer_few_rows(src, dst, n_rows, indptr, indices, values, uniform, bias, flo
         alive[r] = peak > 0
 
 
+# -- uniform layers whose outputs share their inputs -------------------------
+# ``share`` = (rep_ptr, rep_indices, members, member_ptr): the distinct input
+# lists of the layer (rep g reads rep_indices[rep_ptr[g]:rep_ptr[g + 1]], in
+# CSR order) and the outputs that read each (members[member_ptr[g]:
+# member_ptr[g + 1]]). With one weight value those outputs' sums are the same
+# adds in the same order, so each is done once and every member applies its
+# own bias, floor and clip: the bits of the kernels above, with 1/16 of the
+# adds on RadiX-Net layers (groups of 16 outputs).
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tile_layer_shared(src, dst, t, rep_ptr, rep_indices, members, member_ptr, scale, bias,
+                       floor, clip, alive, acc, peak):
+    """``_tile_layer`` of a uniform layer, one sum per distinct input list."""
+    for r in range(TILE_ROWS):
+        peak[r] = 0.0
+    for g in range(len(rep_ptr) - 1):
+        for r in range(TILE_ROWS):
+            acc[r] = 0.0
+        for p in range(rep_ptr[g], rep_ptr[g + 1]):
+            i = rep_indices[p]
+            for r in range(TILE_ROWS):
+                acc[r] += src[t, i, r]
+        for r in range(TILE_ROWS):
+            acc[r] *= scale
+        for m in range(member_ptr[g], member_ptr[g + 1]):
+            j = members[m]
+            b = bias[j]
+            for r in range(TILE_ROWS):
+                y = min(max(acc[r] + b, floor), clip)
+                dst[t, j, r] = y
+                peak[r] = max(peak[r], abs(y))
+    for r in range(TILE_ROWS):
+        alive[t * TILE_ROWS + r] = peak[r] > 0
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def layer_tiles_shared(src, dst, n_tiles, rep_ptr, rep_indices, members, member_ptr, scale,
+                       bias, floor, clip, alive):
+    """``layer_tiles`` of a uniform layer whose outputs share input lists."""
+    for t in prange(n_tiles):
+        acc = np.zeros(TILE_ROWS, dtype=np.float32)
+        peak = np.zeros(TILE_ROWS, dtype=np.float32)
+        _tile_layer_shared(src, dst, t, rep_ptr, rep_indices, members, member_ptr, scale, bias,
+                           floor, clip, alive, acc, peak)
+
+
+@njit(cache=True, nogil=True)
+def layer_few_rows_shared(src, dst, n_rows, rep_ptr, rep_indices, members, member_ptr, scale,
+                          bias, floor, clip, alive):
+    """``layer_few_rows`` of a uniform layer whose outputs share input lists."""
+    x = np.empty(src.shape[1], dtype=np.float32)
+    acc = np.zeros(1, dtype=np.float32)
+    for r in range(TILE_ROWS):
+        alive[r] = False
+    for r in range(n_rows):
+        for i in range(src.shape[1]):
+            x[i] = src[0, i, r]
+        peak = np.float32(0.0)
+        for g in range(len(rep_ptr) - 1):
+            acc[0] = 0.0
+            for p in range(rep_ptr[g], rep_ptr[g + 1]):
+                acc[0] += x[rep_indices[p]]
+            acc[0] *= scale
+            for m in range(member_ptr[g], member_ptr[g + 1]):
+                j = members[m]
+                y = min(max(acc[0] + bias[j], floor), clip)
+                dst[0, j, r] = y
+                peak = max(peak, abs(y))
+        alive[r] = peak > 0
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def compact(src, dst, width, keep):
     """Gather the slots listed in ``keep`` (sorted) into dense tiles of ``dst``.
