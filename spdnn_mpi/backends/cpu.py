@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spdnn_mpi.compression import RowGroups
+from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.memory import available_bytes
 from spdnn_mpi.model import Layer, SparseRows
@@ -40,7 +40,7 @@ def shared_inputs(layer: Layer) -> tuple | None:
 
 class CpuBackend:
     name = "cpu"
-    check_min_layers_left = 1  # a look costs a few per cent of a layer: wherever one follows
+    check_min_layers_left = 1  # a look costs about a layer: wherever one follows
 
     def __init__(
         self, threads: int | None = None, memory_fraction: float = 0.5,
@@ -167,8 +167,11 @@ class CpuBackend:
         """Nothing queued: every call runs to completion."""
 
     def check_pays(self, fall: float | None, held_values: int) -> bool:
-        """Always: a check (a hash pass, a sort) costs a few per cent of a layer here."""
-        return True
+        """Once rows stop dying fast (``compression.fall_rule``, the CUDA backend's
+        rule): with shared sums a layer costs little more than a check (a hash pass,
+        a sort), so checks while rows still die cost more than they save (real
+        1024 x 120: 0.281 s against 0.345 s checking at every checkpoint)."""
+        return fall_rule(fall, held_values)
 
     def merge_duplicate_rows(self) -> RowGroups:
         """Hash each held row, confirm candidates exactly, keep the first of each group."""
