@@ -115,10 +115,10 @@ def test_shared_inputs_lists_each_output_once_with_its_own_inputs():
     assert shared_inputs(_shared_layer(rng, 200, 90, 8, 1)) is None  # nothing shared
 
 
-@pytest.mark.parametrize("n_rows", [1, 3, k.FEW_ROWS, 3 * T + 5])
+@pytest.mark.parametrize("n_rows", [1, 3, k.FEW_ROWS, 9, T, 3 * T + 5])
 @pytest.mark.parametrize("max_group", [4, 16])
 def test_shared_sum_kernels_give_the_tile_kernels_bits(n_rows, max_group):
-    """One sum per input list (whole tiles, and a few rows of one tile) equals every
+    """One sum per input list (whole tiles, the rows of one tile, a few rows) equals every
     output summing on its own, bit for bit, on random values."""
     from spdnn_mpi.backends.cpu import shared_inputs
 
@@ -136,16 +136,21 @@ def test_shared_sum_kernels_give_the_tile_kernels_bits(n_rows, max_group):
     want = np.zeros((n_tiles, 211, T), np.float32)
     want_alive = np.zeros(n_tiles * T, np.bool_)
     k.layer_tiles(src, want, n_tiles, *args, want_alive)
-    got = np.full_like(want, np.nan)
-    alive = np.ones(n_tiles * T, np.bool_)
     if n_tiles > 1:
-        k.layer_tiles_shared(src, got, n_tiles, *share, args[2][0], *args[4:], alive)
+        kernels = [k.layer_tiles_shared]
     else:
-        k.layer_few_rows_shared(src, got, n_rows, *share, args[2][0], *args[4:], alive)
+        kernels = [k.layer_rows_shared] + ([k.layer_few_rows_shared] if n_rows <= k.FEW_ROWS
+                                           else [])
     flat = lambda a: a.transpose(0, 2, 1).reshape(-1, a.shape[1])[:n_rows]  # noqa: E731
-    np.testing.assert_array_equal(flat(got).view(np.uint32), flat(want).view(np.uint32))
-    np.testing.assert_array_equal(alive[:n_rows], want_alive[:n_rows])
-    assert alive[:n_rows].any() and (n_rows == 1 or not alive[:n_rows].all())
+    for kernel in kernels:
+        got = np.full_like(want, np.nan)
+        alive = np.ones(n_tiles * T, np.bool_)
+        kernel(src, got, n_tiles if n_tiles > 1 else n_rows, *share, args[2][0], *args[4:],
+               alive)
+        np.testing.assert_array_equal(flat(got).view(np.uint32), flat(want).view(np.uint32))
+        np.testing.assert_array_equal(alive[:n_rows], want_alive[:n_rows])
+        assert alive[:n_rows].any() and (n_rows == 1 or not alive[:n_rows].all())
+        assert not alive[n_rows:T].any() or n_tiles > 1, "rows past n_rows must read as dead"
 
 
 @pytest.mark.parametrize("compress", ["off", "auto"])

@@ -134,9 +134,10 @@ class CpuBackend:
         if share is not None and self._n_tiles > 1:  # one sum per input list
             self._k.layer_tiles_shared(self._cur, self._spare, self._n_tiles, *share, vals[0],
                                        bias, floor, clip, self._alive)
-        elif share is not None and few:
-            self._k.layer_few_rows_shared(self._cur, self._spare, self._n_active, *share,
-                                          vals[0], bias, floor, clip, self._alive)
+        elif share is not None:  # one tile: only the rows held, on this thread
+            kernel = self._k.layer_few_rows_shared if few else self._k.layer_rows_shared
+            kernel(self._cur, self._spare, self._n_active, *share, vals[0], bias, floor, clip,
+                   self._alive)
         elif self._n_tiles > 1:
             self._k.layer_tiles(self._cur, self._spare, self._n_tiles, indptr, indices, vals,
                                 uniform, bias, floor, clip, self._alive)

@@ -197,6 +197,31 @@ def layer_tiles_shared(src, dst, n_tiles, rep_ptr, rep_indices, members, member_
 
 
 @njit(cache=True, nogil=True)
+def layer_rows_shared(src, dst, n_rows, rep_ptr, rep_indices, members, member_ptr, scale, bias,
+                      floor, clip, alive):
+    """``layer_rows`` of a uniform layer whose outputs share input lists."""
+    acc = np.zeros(TILE_ROWS, dtype=np.float32)
+    peak = np.zeros(TILE_ROWS, dtype=np.float32)
+    for g in range(len(rep_ptr) - 1):
+        acc[:n_rows] = 0.0
+        for p in range(rep_ptr[g], rep_ptr[g + 1]):
+            i = rep_indices[p]
+            for r in range(n_rows):
+                acc[r] += src[0, i, r]
+        for r in range(n_rows):
+            acc[r] *= scale
+        for m in range(member_ptr[g], member_ptr[g + 1]):
+            j = members[m]
+            b = bias[j]
+            for r in range(n_rows):
+                y = min(max(acc[r] + b, floor), clip)
+                dst[0, j, r] = y
+                peak[r] = max(peak[r], abs(y))
+    for r in range(TILE_ROWS):
+        alive[r] = r < n_rows and peak[r] > 0
+
+
+@njit(cache=True, nogil=True)
 def layer_few_rows_shared(src, dst, n_rows, rep_ptr, rep_indices, members, member_ptr, scale,
                           bias, floor, clip, alive):
     """``layer_few_rows`` of a uniform layer whose outputs share input lists."""
