@@ -113,7 +113,11 @@ def test_compression_on_every_rank_matches_off(comm, tmp_path_factory, backend):
         for report in reports.values():
             np.testing.assert_array_equal(report["_categories"], expected)
         events = reports["auto"]["compression"]
-        assert events[0]["layer"] == 1 and events[0]["representatives"] < events[0]["rows"]
+        # the reference merges at the first checkpoint; the cpu backend (fall_rule)
+        # takes its baseline there and merges once rows stop dying fast
+        first = 1 if backend == "reference" else 2
+        assert events[0]["layer"] == first
+        assert events[0]["representatives"] < events[0]["rows"]
         assert reports["auto"]["computed_edges"] < reports["off"]["computed_edges"]
 
 
