@@ -30,9 +30,10 @@ def shared_inputs(layer: Layer) -> tuple | None:
         keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * d))).ravel()
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         if 2 * len(first) <= layer.n_out:
-            members = np.argsort(inverse.ravel(), kind="stable").astype(np.int64)
+            inverse = inverse.ravel()
+            members = np.argsort(inverse, kind="stable").astype(np.int64)
             member_ptr = np.zeros(len(first) + 1, dtype=np.int64)
-            member_ptr[1:] = np.cumsum(np.bincount(inverse.ravel(), minlength=len(first)))
+            member_ptr[1:] = np.cumsum(np.bincount(inverse, minlength=len(first)))
             rep_ptr = np.arange(0, d * len(first) + 1, d, dtype=np.int64)
             return rep_ptr, np.ascontiguousarray(rows[first].ravel()), members, member_ptr
     return None
