@@ -23,6 +23,17 @@ TILE_ROWS = 64
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _store_outputs(acc, b, floor, clip, dst, t, j, peak, n):
+    """Output ``j`` of the first ``n`` rows of tile ``t``: min(max(acc + b, floor),
+    clip), and each row's largest magnitude so far (which says whether it lives).
+    Inlined, so a compile-time ``n`` (TILE_ROWS) keeps the vector loop."""
+    for r in range(n):
+        y = min(max(acc[r] + b, floor), clip)
+        dst[t, j, r] = y
+        peak[r] = max(peak[r], abs(y))
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _tile_layer(src, dst, t, indptr, indices, values, uniform, bias, floor, clip, alive, acc,
                 peak):
     """One tile of a layer: dst = min(max(W^T-gather of src + bias, floor), clip).
@@ -53,11 +64,7 @@ def _tile_layer(src, dst, t, indptr, indices, values, uniform, bias, floor, clip
                 v = values[p]
                 for r in range(TILE_ROWS):
                     acc[r] += v * src[t, i, r]
-        b = bias[j]
-        for r in range(TILE_ROWS):
-            y = min(max(acc[r] + b, floor), clip)
-            dst[t, j, r] = y
-            peak[r] = max(peak[r], abs(y))
+        _store_outputs(acc, bias[j], floor, clip, dst, t, j, peak, TILE_ROWS)
     for r in range(TILE_ROWS):
         alive[t * TILE_ROWS + r] = peak[r] > 0
 
@@ -100,11 +107,7 @@ def layer_rows(src, dst, n_rows, indptr, indices, values, uniform, bias, floor, 
                 v = values[p]
                 for r in range(n_rows):
                     acc[r] += v * src[0, i, r]
-        b = bias[j]
-        for r in range(n_rows):
-            y = min(max(acc[r] + b, floor), clip)
-            dst[0, j, r] = y
-            peak[r] = max(peak[r], abs(y))
+        _store_outputs(acc, bias[j], floor, clip, dst, 0, j, peak, n_rows)
     for r in range(TILE_ROWS):
         alive[r] = r < n_rows and peak[r] > 0
 
@@ -176,11 +179,7 @@ def _tile_layer_shared(src, dst, t, rep_ptr, rep_indices, members, member_ptr, s
             acc[r] *= scale
         for m in range(member_ptr[g], member_ptr[g + 1]):
             j = members[m]
-            b = bias[j]
-            for r in range(TILE_ROWS):
-                y = min(max(acc[r] + b, floor), clip)
-                dst[t, j, r] = y
-                peak[r] = max(peak[r], abs(y))
+            _store_outputs(acc, bias[j], floor, clip, dst, t, j, peak, TILE_ROWS)
     for r in range(TILE_ROWS):
         alive[t * TILE_ROWS + r] = peak[r] > 0
 
@@ -212,11 +211,7 @@ def layer_rows_shared(src, dst, n_rows, rep_ptr, rep_indices, members, member_pt
             acc[r] *= scale
         for m in range(member_ptr[g], member_ptr[g + 1]):
             j = members[m]
-            b = bias[j]
-            for r in range(n_rows):
-                y = min(max(acc[r] + b, floor), clip)
-                dst[0, j, r] = y
-                peak[r] = max(peak[r], abs(y))
+            _store_outputs(acc, bias[j], floor, clip, dst, 0, j, peak, n_rows)
     for r in range(TILE_ROWS):
         alive[r] = r < n_rows and peak[r] > 0
 
