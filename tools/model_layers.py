@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 
@@ -26,31 +25,27 @@ def main(argv: list[str] | None = None) -> int:
     from spdnn_mpi.backends.cuda import CudaBackend
     from spdnn_mpi.commands.bench_models import tile_rows
     from spdnn_mpi.engine import time_inference
-    from spdnn_mpi.formats.store import Store
     from spdnn_mpi.generators import mnist_models as mm
 
     rows_out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for entry in [e for e in mm.bundled_models() if e.get("file")]:
-            path = mm.model_store(entry, Path(tmp))
-            with Store(path) as store:
-                network = store.network()
-                rows = tile_rows(store.inputs(), args.images)
-            for variant in args.variant or ["auto"]:
-                backend = CudaBackend(variant=variant)
-                backend.load_network(network.layers)
-                kernels = backend.describe()["kernels"]
-                for want in (False, True):
-                    median, _, res = time_inference(network, rows, backend, args.repeat,
-                                                    want_features=want)
-                    seconds = [] if res.layer_seconds is None else res.layer_seconds
-                    layers_us = [round(float(s) * 1e6, 1) for s in seconds]
-                    row = {"sparsity": entry.get("sparsity"), "variant": variant,
-                           "features": want, "ms": round(median * 1e3, 3),
-                           "layer_us": layers_us, "kernels": kernels}
-                    rows_out.append(row)
-                    print(f"s={row['sparsity']} {variant:6s} features={want!s:5s} "
-                          f"{row['ms']:8.3f} ms  layers(us) {layers_us}  {kernels}", flush=True)
+    for entry in [e for e in mm.bundled_models() if e.get("file")]:
+        network, digits = mm.model_network(entry)
+        rows = tile_rows(digits, args.images)
+        for variant in args.variant or ["auto"]:
+            backend = CudaBackend(variant=variant)
+            backend.load_network(network.layers)
+            kernels = backend.describe()["kernels"]
+            for want in (False, True):
+                median, _, res = time_inference(network, rows, backend, args.repeat,
+                                                want_features=want)
+                seconds = [] if res.layer_seconds is None else res.layer_seconds
+                layers_us = [round(float(s) * 1e6, 1) for s in seconds]
+                row = {"sparsity": entry.get("sparsity"), "variant": variant,
+                       "features": want, "ms": round(median * 1e3, 3),
+                       "layer_us": layers_us, "kernels": kernels}
+                rows_out.append(row)
+                print(f"s={row['sparsity']} {variant:6s} features={want!s:5s} "
+                      f"{row['ms']:8.3f} ms  layers(us) {layers_us}  {kernels}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows_out, indent=1))
     return 0
