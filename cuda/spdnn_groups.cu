@@ -54,6 +54,21 @@
 #endif
 #define GROUP_SLOTS 16
 
+// Calls f(slot, output id) for each used slot of the LS a lane computes (op:
+// at the first of them; unused slots have id -1).
+template <int LS, typename F>
+__device__ __forceinline__ void for_each_slot(const int4* __restrict__ op, F&& f) {
+#pragma unroll
+  for (int q = 0; q < LS / 4; ++q) {
+    const int4 o4 = __ldg(op + q);
+    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (ids[e] >= 0) f(q * 4 + e, ids[e]);
+    }
+  }
+}
+
 // Compacting epilogue of the shared-sum form. Every slot of a group stores
 // the same rows, so the quarter-warp's live rows are put in slot order once
 // (through stage, 32 floats of this quarter) and its 8 lanes then store 8
@@ -89,22 +104,15 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
     p[i] = in ? dst + (i64)(slot >> 5) * a.tstride + (slot & 31) : nullptr;
   }
   u32 alive = 0u;
+  for_each_slot<LS>(op, [&](int, int id) {
+    const float4 y = activate4(sums, id, a);
+    const float ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
-  for (int q = 0; q < LS / 4; ++q) {
-    const int4 o4 = __ldg(op + q);
-    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (ids[e] < 0) continue;
-      const float4 y = activate4(sums, ids[e], a);
-      const float ys[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (p[i]) p[i][(i64)ids[e] * 32] = ys[i];
-      }
-      alive |= alive4(y);
+    for (int i = 0; i < 4; ++i) {
+      if (p[i]) p[i][(i64)id * 32] = ys[i];
     }
-  }
+    alive |= alive4(y);
+  });
   alive &= valid;
   const int rel = base - o.t0 * 32 + ql;
   u64 bits = 0ull;
@@ -177,17 +185,10 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
   u32 alive = 0u;
   float* p[4];
   if constexpr (COMPACT) rows4_ptrs(o, dst, a.tstride, p);
-#pragma unroll
-  for (int q = 0; q < LS / 4; ++q) {
-    const int4 o4 = __ldg(op + q);
-    const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (ids[e] < 0) continue;
-      const float4& c = acc[SUM ? 0 : q * 4 + e];
-      alive |= COMPACT ? store_rows4_at(c, ids[e], a, p) : store_rows4(c, ids[e], a, out);
-    }
-  }
+  for_each_slot<LS>(op, [&](int slot, int id) {
+    const float4& c = acc[SUM ? 0 : slot];
+    alive |= COMPACT ? store_rows4_at(c, id, a, p) : store_rows4(c, id, a, out);
+  });
   return alive_at(alive, o);
 }
 
