@@ -27,6 +27,7 @@ import numpy as np
 
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
+from spdnn_mpi.peers.device_memory import free_device_caches, out_of_memory_is_a_skip
 from spdnn_mpi.reference import droppable_after
 
 #: Ceilings of one H200 used for the floor (KINDS.md: copy 4.3 TB/s read+write;
@@ -41,8 +42,13 @@ def _cupy():
     return import_cupy()
 
 
+@out_of_memory_is_a_skip("cusparse")
 def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, float]:
-    """Inference through cupyx.scipy.sparse (cuSPARSE SpMM), dead rows dropped per layer."""
+    """Inference through cupyx.scipy.sparse (cuSPARSE SpMM), dead rows dropped per layer.
+
+    Rows are dropped by index: CuPy's boolean row mask on a 2-D array scans a
+    mask of the array's whole shape in int64 (31 GB at 60000 x 65536).
+    """
     cp = _cupy()
     import cupyx.scipy.sparse as cps
 
@@ -67,7 +73,7 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
     cp.cuda.Device().synchronize()
     t0 = time.perf_counter()
     if drop[0]:
-        keep = y.any(axis=1)
+        keep = cp.flatnonzero(y.any(axis=1))
         y, ids = y[keep], ids[keep]
     for k, (wt, bias, clip, relu) in enumerate(mats):
         if y.shape[0]:
@@ -81,7 +87,7 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
             cp.minimum(z, clip, out=z)
         y = cp.ascontiguousarray(z)
         if drop[k + 1]:
-            keep = y.any(axis=1)
+            keep = cp.flatnonzero(y.any(axis=1))
             y, ids = y[keep], ids[keep]
     alive = ids[y.any(axis=1)].get() if y.shape[0] else np.zeros(0, np.int64)
     seconds = time.perf_counter() - t0
@@ -90,6 +96,7 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
     return np.sort(alive) + rows.first_row, seconds
 
 
+@out_of_memory_is_a_skip("torch")
 def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, float]:
     """Inference through torch.sparse CSR (cuSPARSE underneath), dead rows dropped per layer."""
     from spdnn_mpi.peers.torch_dense import torch_csr_t, torch_device
@@ -200,17 +207,6 @@ def suite_inputs(n: int, images: int, digits: np.ndarray | None, seed: int = 0) 
     return SparseRows(n, indptr, idx.astype(np.uint16 if n <= 65536 else np.int32))
 
 
-def _free_device_caches() -> None:
-    """Hand cached device memory back, so a peer after us has the card to itself."""
-    _cupy().get_default_memory_pool().free_all_blocks()
-    try:
-        import torch
-    except ImportError:
-        return
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers: list[str],
               peer_max: int, variants: list[str], digits: np.ndarray | None,
               challenge: Path | None, compress: list[str] | None = None) -> list[dict]:
@@ -223,7 +219,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
     for n, layers in configs:
         by_n.setdefault(n, []).append(layers)
     for n, depths in by_n.items():
-        _free_device_caches()  # cached blocks of the last N
+        free_device_caches()  # cached blocks of the last N
         t0 = time.perf_counter()
         full = radixnet_network(n, max(depths))
         rows = suite_inputs(n, images, digits)
@@ -282,7 +278,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                         ours["peers"][peer] = {"skipped": f"N*L > {peer_max}"}
                         continue
                     fn = cusparse_infer if peer == "cusparse" else torch_sparse_infer
-                    _free_device_caches()
+                    free_device_caches()
                     try:
                         fn(net, rows.slice(0, min(rows.n_rows, 512)))  # warm-up
                         ids, seconds = fn(net, rows)
@@ -290,7 +286,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                         ours["peers"][peer] = {"skipped": str(exc)}
                         continue
                     finally:
-                        _free_device_caches()
+                        free_device_caches()
                     agree = bool(np.array_equal(ids, ours["_ids"]))
                     ours["peers"][peer] = {"seconds": seconds, "teps": edges / seconds / 1e12,
                                            "agrees": agree,

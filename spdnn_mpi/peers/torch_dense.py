@@ -7,7 +7,8 @@ a torch.sparse CSR tensor and multiplies it with the dense features (cuSPARSE
 SpMM underneath). Weights and dense inputs are on the device before the
 clock starts; the clock covers the layers and fetching the outputs to the
 host, like the engine's. Both raise ``SpdnnError`` with the reason when
-PyTorch or a CUDA device is missing, which the benchmark reports as a skip.
+PyTorch or a CUDA device is missing, or the card runs out of memory, which
+the benchmark reports as a skip.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
+from spdnn_mpi.peers.device_memory import out_of_memory_is_a_skip
 
 
 def torch_device(peer: str):
@@ -60,6 +62,7 @@ def _epilogue(torch, z, layer):
     return z
 
 
+@out_of_memory_is_a_skip("torch-dense")
 def torch_dense_infer(network: Network, rows: SparseRows, *, batch: int | None = None,
                       repeat: int = 3) -> tuple[np.ndarray, float, list[float]]:
     """(final outputs, median seconds, all runs' seconds) of the dense model in PyTorch."""
@@ -83,6 +86,7 @@ def torch_dense_infer(network: Network, rows: SparseRows, *, batch: int | None =
         return _timed(torch, dev, run, repeat)
 
 
+@out_of_memory_is_a_skip("torch")
 def torch_sparse_mlp_infer(network: Network, rows: SparseRows, *, batch: int | None = None,
                            repeat: int = 3) -> tuple[np.ndarray, float, list[float]]:
     """(final outputs, median seconds, all runs' seconds) with torch.sparse CSR weights."""
