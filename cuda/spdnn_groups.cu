@@ -47,7 +47,8 @@
 #define SPDNN_GSUM_MIN_BLOCKS 2  // blocks per SM of the shared-sum form
 #endif
 #ifndef SPDNN_GSUM_COALESCE
-#define SPDNN_GSUM_COALESCE 0  // 1: compacting stores of the shared-sum form in slot order
+#define SPDNN_GSUM_COALESCE 1  // compacting stores of the shared-sum form in slot order
+                                // (0: each lane its own rows)
 #endif
 #ifndef SPDNN_GSUM_BATCH
 #define SPDNN_GSUM_BATCH 32  // input loads per lane in flight in the shared-sum form

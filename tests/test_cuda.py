@@ -567,8 +567,8 @@ def _dying_uniform_network(rng) -> tuple[Network, SparseRows]:
 @needs_gpu
 def test_shared_sum_form_compacting_is_bit_identical_to_every_slot_summing():
     """The shared-sum form of uniform grouped layers, in place and compacting (with
-    each lane's own stores, and with the slot-order stores of SPDNN_GSUM_COALESCE=1),
-    gives the per-slot form's bits and the reference's ids."""
+    the slot-order stores of the default, and with each lane's own stores,
+    SPDNN_GSUM_COALESCE=0), gives the per-slot form's bits and the reference's ids."""
     net, rows = _dying_uniform_network(np.random.default_rng(5))
     backend = _backend()
     res = _check(net, rows, backend)
@@ -578,7 +578,7 @@ def test_shared_sum_form_compacting_is_bit_identical_to_every_slot_summing():
     n = int(np.count_nonzero(np.diff(rows.indptr)))
     assert info["compactions_last_batch"] == _compactions_expected(
         res.live_per_layer.tolist(), n) >= 3  # live 1217, 809, 494, 320 of 1912
-    for defines in ({"SPDNN_GROUP_SUM": 0}, {"SPDNN_GSUM_COALESCE": 1}):
+    for defines in ({"SPDNN_GROUP_SUM": 0}, {"SPDNN_GSUM_COALESCE": 0}):
         other = _backend(defines=defines)
         other.load_network(net.layers)
         again = run_inference(net, rows, other, want_features=True)

@@ -50,8 +50,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total 
   --format=csv | tee "$out/gpu.txt"
 
 if [[ $steps == *tests* ]]; then
+  # shellcheck disable=SC2086  (TEST_ARGS: test files or -k expressions, default all)
   timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-    --durations=10 2>&1 | tee "$out/pytest_gpu.log"
+    --durations=10 ${TEST_ARGS:-} 2>&1 | tee "$out/pytest_gpu.log"
   note "gpu tests: $(tail -n 1 "$out/pytest_gpu.log")"
 fi
 

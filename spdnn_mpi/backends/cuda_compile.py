@@ -35,8 +35,10 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GROUP_SUM": 1,
     "SPDNN_GSUM_MIN_BLOCKS": 2,
     "SPDNN_GSUM_BATCH": 32,
-    # 1: its compacting stores in slot order (sum_store_compacted); not yet run on a GPU
-    "SPDNN_GSUM_COALESCE": 0,
+    # its compacting stores in slot order (sum_store_compacted; 0: each lane its own 4
+    # scattered rows): layers 1-10 5-11 % faster, L = 120 direct 4-8 % (H100, one call,
+    # same survivors; docs/performance.md, v11)
+    "SPDNN_GSUM_COALESCE": 1,
     # index/value chunks the L1/L2 CSR4 kernel loads ahead (the staged one: 1)
     "SPDNN_CSR4_AHEAD": 2,
     # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
