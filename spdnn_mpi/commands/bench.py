@@ -35,7 +35,9 @@ peer's time (one run after a warm-up); x<peer> = <peer>_s / our off time, our
 speed-up over that peer on the same data (DISAGREE: its categories differ).
 memory: the graphblas peer needs about 16 B x images x N of host memory beside
 ours (measured: 1.7 GB for the whole bench at 60000 x 1024, 0.7 GB without the
-peer); the JSON has the process's peak (peak_host_bytes).
+peer); the JSON has the process's peak (peak_host_bytes). A GPU peer runs beside
+our buffers: one that runs out of device memory is reported as skipped, with the
+library's message, and the benchmark goes on.
 """
 
 
