@@ -80,6 +80,34 @@ def test_bench_generated_config(tmp_path, capsys):
     assert list(tmp_path.glob("radixnet-n1024-l6-*.h5"))
 
 
+def test_bench_keeps_the_cases_done_when_a_later_store_cannot_be_made(tmp_path, monkeypatch,
+                                                                      capsys):
+    """Each N's store is generated just before its cases: a run stopped at the next N
+    (here its generation fails; on a device machine, a time limit) keeps its results."""
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.generators import challenge
+
+    made = []
+    real = challenge.generate_store
+
+    def generate_store(path, n, *args, **kwargs):
+        made.append(n)
+        if n == 4096:
+            raise SpdnnError("no room for the 4096 store")
+        return real(path, n, *args, **kwargs)
+
+    monkeypatch.setattr(challenge, "generate_store", generate_store)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--config", "1024x4", "--config", "4096x4", "--config", "1024x6",
+                 "--images", "200", "--data-dir", str(tmp_path), "--backend", "cpu",
+                 "--repeat", "1", "--json", str(out), "--quiet"]) == 2
+    assert "no room for the 4096 store" in capsys.readouterr().err
+    assert made == [1024, 4096]
+    done = json.loads(out.read_text())["results"]
+    assert [(r["neurons"], r["layers"]) for r in done] == [(1024, 4), (1024, 6)]
+    assert all(r["modes"]["off"]["check"]["passed"] for r in done)
+
+
 def test_bench_needs_something_to_do(capsys):
     assert main(["bench", "--quiet"]) == 2
     assert "nothing to benchmark" in capsys.readouterr().err

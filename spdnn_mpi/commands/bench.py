@@ -11,10 +11,12 @@ models (--model, --models) get their own table: see ``bench_models``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -154,8 +156,10 @@ def requested_configs(args) -> list[tuple[int, int]]:
     return configs
 
 
-def generated_cases(args) -> list[tuple[Path, int]]:
-    """(store, layers) per requested configuration; stores generated once per N."""
+def generated_cases(args) -> Iterator[tuple[Path, int]]:
+    """(store, layers) per requested configuration; each N's store generated (once)
+    just before its first case, so a run cut short keeps the cases done (--json is
+    written after every case) instead of spending its time generating them all."""
     from spdnn_mpi.formats.store import Store
     from spdnn_mpi.generators.challenge import generate_store
 
@@ -164,7 +168,6 @@ def generated_cases(args) -> list[tuple[Path, int]]:
     by_n: dict[int, list[int]] = {}
     for n, layers in configs:
         by_n.setdefault(n, []).append(layers)
-    cases = []
     tmax = args.truth_max[0] * args.truth_max[1]
     for n, layer_list in by_n.items():
         depth = max(layer_list)
@@ -180,8 +183,8 @@ def generated_cases(args) -> list[tuple[Path, int]]:
             generate_store(path, n, depth, args.seed, images=args.images,
                            truth_layers=truth, quiet=args.quiet, force=True)
             _log(args, f"  generated in {time.perf_counter() - t0:.1f} s")
-        cases += [(path, lay) for lay in sorted(set(layer_list))]
-    return cases
+        for lay in sorted(set(layer_list)):
+            yield path, lay
 
 
 def run_peer(name: str, network, rows, threads: int | None, emit=None):
@@ -432,8 +435,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             cases += [(Path(s), lay) for lay in (args.layers or [None])]
     bench_plot.check_options(args, cases, requested_configs(args), bool(model_paths))
-    cases += generated_cases(args) if (args.config or args.challenge) else []
-    if not cases and not model_paths:
+    if not cases and not requested_configs(args) and not model_paths:
         raise SpdnnError("nothing to benchmark: give STORE paths, --config NxL, --challenge "
                          "or --models")
     name, why = resolve_backend_name(args.backend)
@@ -454,7 +456,7 @@ def run(args: argparse.Namespace) -> int:
         _log(args, f"model {path.name} ...")
         models.append(bench_models.bench_model(args, path, backend, name))
         save()
-    for path, layers in cases:
+    for path, layers in itertools.chain(cases, generated_cases(args)):
         _log(args, f"case {path.name} layers={layers or 'all'} ...")
         results.append(bench_case(args, path, layers, backend, name))
         for mode, m in results[-1]["modes"].items():
@@ -465,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
         print(bench_models.table(models, args.peer))
         if args.plot:
             bench_models.plot(models, args.plot)
-    if cases:
+    if results:
         print(table(results, args.peer))
         first = bench_plot.first_layers_text(results)
         if first:
