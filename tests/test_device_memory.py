@@ -51,7 +51,7 @@ def test_out_of_memory_becomes_a_skip_after_the_arrays_are_released(monkeypatch)
     with pytest.raises(SpdnnError) as info:
         peer(_Net(), _rows(7))
     msg = str(info.value)
-    assert msg.startswith("peer cusparse ran out of GPU memory at 7 images x 5 neurons")
+    assert msg.startswith("peer cusparse ran out of GPU memory at 7 images x 5 inputs")
     assert "31,457,280,000 bytes" in msg
     assert released_before_free == [True]
 
@@ -92,6 +92,6 @@ def test_bench_reports_a_peer_out_of_memory_as_skipped_and_finishes(tmp_path, mo
                  "--repeat", "1", "--json", str(out), "--quiet"]) == 0
     res = json.loads(out.read_text())["results"][0]
     skipped = res["peers"]["cusparse"]["skipped"]
-    assert skipped.startswith("peer cusparse ran out of GPU memory at 200 images x 1024")
+    assert skipped.startswith("peer cusparse ran out of GPU memory at 200 images x 1024 inputs")
     assert res["modes"]["off"]["check"]["passed"]
     assert "Traceback" not in capsys.readouterr().err

@@ -55,7 +55,7 @@ def out_of_memory_is_a_skip(peer: str) -> Callable[[F], F]:
                 if not is_out_of_memory(exc):
                     raise
                 message = (f"peer {peer} ran out of GPU memory at {rows.n_rows} images x "
-                           f"{network.n_inputs} neurons beside our buffers ({exc})")
+                           f"{network.n_inputs} inputs beside our buffers ({exc})")
             gc.collect()
             free_device_caches()
             raise SpdnnError(message)
