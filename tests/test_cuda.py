@@ -338,6 +338,17 @@ def test_locality_order_puts_equal_input_sets_side_by_side():
     assert np.array_equal(np.sort(order), np.arange(len(rows)))
 
 
+def test_defines_are_parsed_as_name_int_and_anything_else_is_named():
+    from spdnn_mpi.backends.cuda_compile import parse_defines
+
+    assert parse_defines(["SPDNN_GSUM_COALESCE=0", "SPDNN_X=-3"]) == {
+        "SPDNN_GSUM_COALESCE": 0, "SPDNN_X": -3}
+    assert parse_defines([]) == {}
+    for bad in ("SPDNN_X", "SPDNN_X=1.5", "=4", "SPDNN_X="):
+        with pytest.raises(ValueError, match=f"{bad!r}: expected NAME=INT"):
+            parse_defines([bad])
+
+
 def test_unknown_variant_is_refused():
     from spdnn_mpi.errors import SpdnnError
 

@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--breakdown", action="store_true",
                    help="also time finish's parts and one graph launch from an idle GPU")
     args = p.parse_args(argv)
-    defines = {}
-    for d in args.define:
-        name, _, value = d.partition("=")
-        if not value.lstrip("-").isdigit():
-            p.error(f"--define {d!r}: expected NAME=INT")
-        defines[name] = int(value)
+    from spdnn_mpi.backends.cuda_compile import parse_defines
+
+    try:
+        defines = parse_defines(args.define)
+    except ValueError as exc:
+        p.error(f"--define {exc}")
 
     from spdnn_mpi.backends.cuda import CudaBackend
     from spdnn_mpi.engine import run_inference

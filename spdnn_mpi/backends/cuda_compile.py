@@ -48,6 +48,18 @@ DEFAULT_DEFINES: dict[str, int] = {
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
 GROUP_CHUNK = 1
 
+def parse_defines(items: Sequence[str]) -> dict[str, int]:
+    """``["NAME=INT", ...]`` (the tools' --define, the harness's VARIANT:NAME=INT,...)
+    as #defines over the defaults; ValueError naming the item that is not NAME=INT."""
+    defines = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not name or not value.lstrip("-").isdigit():
+            raise ValueError(f"{item!r}: expected NAME=INT")
+        defines[name] = int(value)
+    return defines
+
+
 #: Compiled modules, memoised by (device id, source digest).
 _MODULES: dict[tuple[int, str], Any] = {}
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spdnn_mpi.backends.cuda_compile import parse_defines
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.peers.device_memory import free_device_caches, out_of_memory_is_a_skip
@@ -235,8 +236,7 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
                 first = len(out)  # peers are compared with the first variant's row
                 for spec, mode in [(v, m) for v in variants for m in compress or ["off"]]:
                     variant, _, extra = spec.partition(":")
-                    defines = dict((kv.split("=")[0], int(kv.split("=")[1]))
-                                   for kv in extra.split(",") if kv)
+                    defines = parse_defines([kv for kv in extra.split(",") if kv])
                     r = time_cuda(net, rows, repeat=repeat, variant=variant, defines=defines,
                                   compress=mode)
                     res = r["result"]
