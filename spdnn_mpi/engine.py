@@ -45,6 +45,9 @@ class Backend(Protocol):
     #: fewest layers that must follow a checkpoint for the engine to look at it
     #: (a look costs this backend about as much as that many small layers)
     check_min_layers_left: int
+    #: rows of the untimed warm-up before timed runs (None: all of them, where
+    #: what is cached, such as CUDA graphs, depends on the batch's size)
+    warm_up_rows: int | None
 
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         """Upload the weights and build the backend's layout (not timed as inference).
@@ -248,10 +251,13 @@ def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat:
                    ) -> tuple[float, list[float], InferenceResult]:
     """(median seconds, every run's seconds, last result) of ``repeat`` timed runs.
 
-    An untimed warm-up on a few rows first keeps compilation and CUDA graph
-    capture out of the numbers. The benchmark and the GPU harness both use it.
+    An untimed warm-up first keeps compilation and CUDA graph capture out of
+    the numbers: on ``backend.warm_up_rows`` rows, or all of them where that is
+    None (a graph captured for fewer rows ends differently and is not reused).
+    The benchmark and the GPU harness both use it.
     """
-    run_inference(network, rows.slice(0, min(rows.n_rows, 512)), backend, batch=batch,
+    warm = rows.n_rows if backend.warm_up_rows is None else min(rows.n_rows, backend.warm_up_rows)
+    run_inference(network, rows.slice(0, warm), backend, batch=batch,
                   compress=compress, want_features=want_features)
     times: list[float] = []
     result = None

@@ -157,3 +157,28 @@ def test_reference_categories_at_several_counts_in_one_pass():
         np.testing.assert_array_equal(by_count[n], reference_categories(net.truncated(n), rows))
     with pytest.raises(ValueError):
         reference_categories_at(net, rows, [10])
+
+
+@pytest.mark.parametrize("warm_up_rows, expected", [(None, 700), (512, 512), (10, 10)])
+def test_warm_up_takes_the_backends_rows(warm_up_rows, expected):
+    """The untimed warm-up runs ``warm_up_rows`` rows (None: the whole input,
+    so a CUDA graph captured for the batch's size is the one the timed runs use)."""
+    from spdnn_mpi.backends.reference import ReferenceBackend
+    from spdnn_mpi.engine import time_inference
+
+    class Recording(ReferenceBackend):
+        loads: list[int] = []
+
+        def load_features(self, rows, drop_empty):
+            self.loads.append(rows.n_rows)
+            super().load_features(rows, drop_empty)
+
+    rng = np.random.default_rng(3)
+    network = random_network(rng, [20, 20, 20], 0.3, uniform=True)
+    rows = random_inputs(rng, 700, 20, 0.3)
+    backend = Recording()
+    backend.warm_up_rows = warm_up_rows
+    backend.load_network(network.layers)
+    _median, times, _res = time_inference(network, rows, backend, repeat=2)
+    assert backend.loads == [expected, 700, 700]
+    assert len(times) == 2

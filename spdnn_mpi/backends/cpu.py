@@ -42,6 +42,7 @@ def shared_inputs(layer: Layer) -> tuple | None:
 class CpuBackend:
     name = "cpu"
     check_min_layers_left = 1  # a look costs about a layer: wherever one follows
+    warm_up_rows = 512  # enough to compile the numba kernels
 
     def __init__(
         self, threads: int | None = None, memory_fraction: float = 0.5,

@@ -18,6 +18,7 @@ class ReferenceBackend:
     name = "reference"
     tile_rows = 1
     check_min_layers_left = 1  # looks are free: merge wherever a layer follows
+    warm_up_rows = 512  # compiles nothing
 
     def __init__(self, **_options) -> None:
         self._layers: list = []
