@@ -284,6 +284,7 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     backend.sms, backend._ptrs, backend._state = 132, None, None
     backend._live_hist, backend._stamps = None, None
     backend._compact = kernel("compact_rows")
+    backend._push_batch = None  # the first layer pulled from dense tiles
     backend._n_layers = len(kinds)
     backend._layers = [{"plan": lay.LayerPlan(kind, kind, 0, 0), "head": (), "extra": (),
                         "kern": kernel(kind), "grid": 1, "threads": 32, "n_out": 8}
@@ -296,6 +297,16 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     backend._launch(0, drop_dead=False, held=0)  # nothing dropped: nothing to move
     assert calls == ["group"]
     assert not lay.compacts_on_write("csr_smem") and lay.compacts_on_write("group")
+    # a batch that pushes the first layer from its input rows: that kernel instead,
+    # for layer 0 only, the compaction after it still decided by layer 1's kernel
+    backend._push = {"kerns": {"u16": kernel("push<u16>"), "int": kernel("push<int>")},
+                     "grid": 1, "threads": 256, "smem": 0, "extra": ()}
+    for push_batch in ("u16", "int"):
+        backend._push_batch = push_batch
+        calls.clear()
+        for k in range(3):
+            backend._launch(k, drop_dead=True, held=0)
+        assert calls == [f"push<{push_batch}>", "compact_rows", "csr_global", "smem32"]
 
 
 @pytest.mark.parametrize("ascending", [True, False])

@@ -30,6 +30,9 @@ trap 'rm -rf "$work"' EXIT
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"
   done; done; done
+  for vals in true false; do for it in u16 int; do
+    echo "template __global__ void layer_push<$vals,$it>(P, const int*, const u16*, const float*, int, int);"
+  done; done
   for it in u16 int; do
     echo "template __global__ void scatter_rows<$it>(float*, i64, const int*, int, const i64*, const $it*, const float*, int*);"
   done

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.backends import cuda_push
 from spdnn_mpi.backends.cuda_compile import (  # noqa: F401 (import_cupy: used by callers)
     DEFAULT_DEFINES,
     compiled_module,
@@ -36,8 +37,9 @@ from spdnn_mpi.model import Layer, SparseRows
 
 #: State slots, mirrored from cuda/spdnn_common.cuh.
 ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_SIZE = 0, 1, 8, 16
-#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
-P_SIZE = 8
+#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles,
+#: then the batch's input rows (indptr, indices, values, slot rows) for the push form.
+P_BUFFERS, P_INPUTS, P_SIZE = 8, 8, 12
 #: ``finish`` copies the packed results in one piece up to this size (else in two).
 SINGLE_COPY_BYTES = 4 << 20
 
@@ -134,6 +136,8 @@ class CudaBackend:
         self._merging = False  # merges ran: graphs are captured in both forms
         self._results = None  # gather_results' device array, reused (graphs hold its address)
         self._results_host = None  # its pinned host copy, reused
+        self._push = None  # the first layer's push form (cuda_push), where it is exact
+        self._push_batch = None  # this batch pushes layer 1: the inputs' index type
 
     # -- helpers -------------------------------------------------------------
     def _track_peak(self) -> None:
@@ -185,6 +189,10 @@ class CudaBackend:
                 width = max(width, layer.n_in, layer.n_out)
                 if progress is not None:
                     progress(len(self._layers))
+            self._push = None
+            if layers and cuda_push.may_push(self._defines["SPDNN_PUSH"], layers[0]):
+                self._push = launcher.push_entry(layers[0], smem_limit)
+                layout_bytes += sum(int(a.nbytes) for a in self._push["keep"])
             self._stream.synchronize()
         self.width = width
         self._n_layers = len(layers)
@@ -203,6 +211,8 @@ class CudaBackend:
             "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
             "compile_seconds": round(compile_s, 4),
             "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
+            "first_layer_push": (None if self._push is None else
+                                 {"chunk": self._push["chunk"], "grid": self._push["grid"]}),
         }
 
     # -- features ------------------------------------------------------------
@@ -226,11 +236,12 @@ class CudaBackend:
                           self._tstride, cap],
                          dtype=np.int64)
         with self._dev, self._stream:
-            self._ptrs.set(table, stream=self._stream)
+            self._ptrs[:P_BUFFERS].set(table, stream=self._stream)
         self._track_peak()
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
-        """Scatter the input rows into zeroed tiles on the device (one kernel)."""
+        """Scatter the input rows into zeroed tiles on the device (one kernel), or
+        keep them as they are where the first layer is pushed from them (``cuda_push``)."""
         cp = self._cp
         if self._mod is None:
             raise SpdnnError("load_network must come before load_features")
@@ -247,9 +258,13 @@ class CudaBackend:
         self._in_width = rows.n_cols
         self._loaded_rows = n
         self._layers_run = 0
+        push = (n > 0 and self._push is not None and self._n_layers > 0 and cuda_push.wants_push(
+            self._defines["SPDNN_PUSH"], rows, self._defines["SPDNN_PUSH_MAX_DENSITY_PCT"] / 100))
         with self._dev, self._stream:
-            self._buf[0, : n_tiles * self._tstride].fill(0)
+            if not push:  # the push form reads the rows themselves: no tiles to fill
+                self._buf[0, : n_tiles * self._tstride].fill(0)
             self._masks.fill(0)
+            self._push_batch = None
             if n:
                 base = int(rows.indptr[0])
                 indptr = cp.asarray(np.asarray(rows.indptr, dtype=np.int64) - base)
@@ -259,12 +274,20 @@ class CudaBackend:
                 values = (cp.asarray(np.asarray(rows.values, dtype=np.float32))
                           if rows.values is not None else np.uint64(0))
                 sel = cp.asarray(rowsel.astype(np.int32))
-                grid = max(1, min(-(-n // 8), self.sms * 16))
-                self._scatter["u16" if small else "int"](
-                    (grid,), (256,),
-                    (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
-                     values, self._p[0]),
-                )
+                if push:
+                    self._push_batch = "u16" if small else "int"
+                    self._p[0][:n] = sel
+                    vptr = values.data.ptr if isinstance(values, cp.ndarray) else 0
+                    self._ptrs[P_INPUTS:].set(np.array(
+                        [indptr.data.ptr, indices.data.ptr, vptr, sel.data.ptr], dtype=np.int64),
+                        stream=self._stream)
+                else:
+                    grid = max(1, min(-(-n // 8), self.sms * 16))
+                    self._scatter["u16" if small else "int"](
+                        (grid,), (256,),
+                        (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
+                         values, self._p[0]),
+                    )
                 self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
             state = np.zeros(ST_SIZE, dtype=np.int32)
             state[ST_ROWS], state[ST_TILES] = n, n_tiles
@@ -291,10 +314,18 @@ class CudaBackend:
         L = self._layers[k]
         kk = np.int32(k)
         drop = drop_dead and not held
+        if k == 0 and self._push_batch:  # from the input rows (nothing is held yet)
+            P = self._push
+            kern, grid, threads, smem = (P["kerns"][self._push_batch], P["grid"], P["threads"],
+                                         P["smem"])
+            extra = P["extra"]
+        elif held:
+            (kern, grid, threads, smem), extra = L["small"][held], L["extra_held"]
+        else:
+            kern, grid, threads, smem = L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes
+            extra = L["extra"]
         args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
-                np.int32(1 if drop else 0), *(L["extra_held"] if held else L["extra"]))
-        kern, grid, threads, smem = (L["small"][held] if held else
-                                     (L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes))
+                np.int32(1 if drop else 0), *extra)
         kern((grid,), (threads,), args, shared_mem=smem)
         if drop and not self._compacts_on_write(k + 1):
             self._compact((self.sms * 8,), (256,),
@@ -319,7 +350,7 @@ class CudaBackend:
         todo, self._pending = tuple(self._pending), []
         tail = self._gather_key(gather)
         with self._dev, self._stream:
-            key = (todo, self._held, tail)
+            key = (todo, self._held, tail, self._push_batch)
             graph = self._graphs.get(key) if self._graphs_on and todo else None
             if graph is None and self._graphs_on and todo:
                 graph = self._capture(todo, self._held, gather)
@@ -355,7 +386,7 @@ class CudaBackend:
             return None
         if len(self._graphs) > 4096:  # compression cuts a 1920-layer run into ~70 pieces
             self._graphs.clear()
-        self._graphs[(todo, held, self._gather_key(gather))] = graph
+        self._graphs[(todo, held, self._gather_key(gather), self._push_batch)] = graph
         return graph
 
     def _gather_key(self, gather: tuple | None) -> tuple | None:

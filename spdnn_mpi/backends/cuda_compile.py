@@ -43,6 +43,14 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_CSR4_AHEAD": 2,
     # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
     "SPDNN_CSR4_MIN_BLOCKS": 1,
+    # the first layer pushed from sparse input rows (cuda_push: 0 never, 1 layers with
+    # values when a batch's inputs are at most SPDNN_PUSH_MAX_DENSITY_PCT % nonzero,
+    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row
+    "SPDNN_PUSH": 1,
+    "SPDNN_PUSH_MAX_DENSITY_PCT": 50,
+    "SPDNN_PUSH_CHUNK": 256,
+    "SPDNN_PUSH_THREADS": 256,
+    "SPDNN_PUSH_AHEAD": 4,
 }
 #: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
@@ -104,4 +112,6 @@ def kernel_names(degrees: set[int]) -> list[str]:
             names.append(f"layer_csr4<{smem},{vals}>")
             for itype in ("u16", "int"):
                 names.append(f"layer_csr<{smem},{vals},{itype}>")
+    names += [f"layer_push<{vals},{itype}>" for vals in ("true", "false")
+              for itype in ("u16", "int")]
     return names

@@ -17,6 +17,7 @@ import numpy as np
 
 from spdnn_mpi.backends import cuda_layout as lay
 from spdnn_mpi.backends.cuda_compile import GROUP_CHUNK
+from spdnn_mpi.backends.cuda_push import push_kernel, push_layout
 from spdnn_mpi.model import Layer
 
 
@@ -137,3 +138,20 @@ class Launcher:
                      bias_v, np.float32(layer.floor), clip),
             "extra": extra, "extra_held": extra_held or extra,
         }
+
+    def push_entry(self, layer: Layer, smem_limit: int) -> dict:
+        """The first layer's push form (``cuda_push``): its kernels by the inputs'
+        index type, grid, shared memory, layout and launch arguments."""
+        threads = self.defines["SPDNN_PUSH_THREADS"]
+        rows = threads // 32
+        chunk = min(self.defines["SPDNN_PUSH_CHUNK"], smem_limit // (4 * rows) - 1)
+        layout = push_layout(layer, chunk)
+        smem = rows * (layout.chunk + 1) * 4
+        name = push_kernel(layer)
+        kerns = {"u16": self.kernel(name, smem),
+                 "int": self.kernel(name.replace(",u16>", ",int>"), smem)}
+        grid = self.sms * self.blocks_per_sm(kerns["u16"], threads, smem)
+        keep = [self.cp.asarray(a) for a in (layout.ptr, layout.outs, layout.weights)]
+        return {"kerns": kerns, "grid": grid, "threads": threads, "smem": smem, "keep": keep,
+                "chunk": layout.chunk,
+                "extra": (*keep, np.int32(layout.chunk), np.int32(layout.n_chunks))}
