@@ -130,3 +130,29 @@ def test_bench_refuses_zero_layers_and_a_json_over_its_store(tiny_store, capsys)
     assert main(["bench", str(tiny_store), "--json", str(tiny_store), "--quiet"]) == 2
     assert "refusing to write over an input" in capsys.readouterr().err
     assert tiny_store.read_bytes() == before
+
+
+def _bench_row(off_check, auto_check):
+    mode = {"teraedges_per_second": 1.0, "computed_teraedges_per_second": 1.0,
+            "seconds_min": 1.0, "seconds_max": 1.0, "end_to_end_seconds": 2.0,
+            "alive_at_end": 5}
+    return {"neurons": 1024, "layers": 120,
+            "anchors": {"paper_2020_a100": 16.74, "snicit_a6000": 17.6}, "peers": {},
+            "modes": {"off": {**mode, "check": off_check},
+                      "auto": {**mode, "check": auto_check, "same_as_off": True}}}
+
+
+@pytest.mark.parametrize("off_check, auto_check, shown", [
+    ({"against": "truth (reference)", "passed": True},
+     {"against": "truth (reference)", "passed": True}, "pass"),
+    ({"against": "peer cusparse", "passed": True}, {"against": "off", "passed": True}, "pass"),
+    (None, {"against": "off", "passed": True}, "auto=off"),  # nothing independent
+    (None, {"against": "off", "passed": False}, "FAIL"),
+    (None, None, "-"),
+])
+def test_bench_table_says_what_the_categories_were_checked_against(off_check, auto_check,
+                                                                    shown):
+    from spdnn_mpi.commands.bench import table
+
+    line = table([_bench_row(off_check, auto_check)], []).splitlines()[2]
+    assert line.split()[-1] == shown

@@ -285,6 +285,7 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     backend._live_hist, backend._stamps = None, None
     backend._compact = kernel("compact_rows")
     backend._push_batch = None  # the first layer pulled from dense tiles
+    backend._push_dense = False
     backend._n_layers = len(kinds)
     backend._layers = [{"plan": lay.LayerPlan(kind, kind, 0, 0), "head": (), "extra": (),
                         "kern": kernel(kind), "grid": 1, "threads": 32, "n_out": 8}
@@ -307,6 +308,21 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
         for k in range(3):
             backend._launch(k, drop_dead=True, held=0)
         assert calls == [f"push<{push_batch}>", "compact_rows", "csr_global", "smem32"]
+    # later layers pushed from the tiles: in place, so compact_rows goes before them
+    backend._layers[2]["push"] = {"kerns": {"u16": kernel("push_dense")}, "grid": 1,
+                                  "threads": 256, "smem": 0, "extra": ()}
+    backend._push_batch, calls[:] = None, []
+    for k in range(4):
+        backend._launch(k, drop_dead=True, held=0)
+    assert calls == ["group", "compact_rows", "csr_global", "smem32", "global", "compact_rows"]
+    backend._push_dense, calls[:] = True, []
+    for k in range(4):
+        backend._launch(k, drop_dead=True, held=0)
+    assert calls == ["group", "compact_rows", "csr_global", "compact_rows", "push_dense",
+                     "global", "compact_rows"]
+    backend._push_dense, calls[:] = True, []
+    backend._launch(2, drop_dead=True, held=16)  # held rows: the same kernel, nothing moved
+    assert calls == ["push_dense"]
 
 
 @pytest.mark.parametrize("ascending", [True, False])

@@ -95,10 +95,11 @@ def test_a_batch_pushes_by_mode_density_and_order():
     assert not wants(cuda_push.PUSH_ALWAYS, empty, 0.5)
 
 
-def _run(net, rows, push, compress="off", batch=None, variant="auto"):
+def _run(net, rows, push, compress="off", batch=None, variant="auto", dense=False):
     from spdnn_mpi.backends.cuda import CudaBackend
 
-    backend = CudaBackend(variant=variant, defines={"SPDNN_PUSH": push})
+    backend = CudaBackend(variant=variant, defines={
+        "SPDNN_PUSH": push, "SPDNN_PUSH_DENSE_MAX_ROWS": 1 << 30 if dense else 0})
     backend.load_network(net.layers)
     res = run_inference(net, rows, backend, want_features=True, compress=compress, batch=batch)
     return res, backend
@@ -112,10 +113,12 @@ def _assert_reference(net, rows, res):
         assert err <= 1e-5, err
 
 
-def _assert_push_equals_pull(net, rows, **kw):
-    pushed, b_push = _run(net, rows, cuda_push.PUSH_ALWAYS, **kw)
+def _assert_push_equals_pull(net, rows, dense=False, **kw):
+    """Pushed (the first layer; with ``dense`` the later ones too) against pulled."""
+    pushed, b_push = _run(net, rows, cuda_push.PUSH_ALWAYS, dense=dense, **kw)
     pulled, b_pull = _run(net, rows, cuda_push.PUSH_OFF, **kw)
     assert b_push._push_batch is not None and b_pull._push_batch is None
+    assert (b_push.describe()["dense_push_layers"] == net.n_layers - 1) == dense
     np.testing.assert_array_equal(pushed.alive_ids, pulled.alive_ids)
     np.testing.assert_array_equal(pushed.features.view(np.uint32),
                                   pulled.features.view(np.uint32))
@@ -132,37 +135,40 @@ needs_gpu = pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)
 @pytest.mark.parametrize("in_density", [0.05, 0.3])
 @pytest.mark.parametrize("w_density", [0.02, 0.3])
 @pytest.mark.parametrize("binary", [False, True])
-def test_push_equals_pull_on_random_classifiers(seed, in_density, w_density, binary):
+@pytest.mark.parametrize("dense", [False, True])
+def test_push_equals_pull_on_random_classifiers(seed, in_density, w_density, binary, dense):
     """Random values, odd widths, more outputs than a chunk, empty input rows."""
     rng = np.random.default_rng(300 + seed)
     widths = [int(rng.integers(20, 800)), int(rng.integers(5, 700)), 37, 10]
     net = random_network(rng, widths, w_density, bias="positive", clip=None,
                          activations=["relu", "relu", "none"])
     rows = random_inputs(rng, int(rng.integers(1, 700)), widths[0], in_density, binary=binary)
-    _assert_push_equals_pull(net, rows)
+    _assert_push_equals_pull(net, rows, dense=dense)
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("batch", [None, 96])
-def test_push_equals_pull_on_uniform_layers_dropping_rows(batch):
+@pytest.mark.parametrize("dense", [False, True])
+def test_push_equals_pull_on_uniform_layers_dropping_rows(batch, dense):
     """The challenge's form: uniform weights, binary inputs, scalar bias, clip,
     rows dying and dropped; in batches the graph is reused with new input rows."""
     rng = np.random.default_rng(8)
     net = random_network(rng, [300] * 7, 0.08, uniform=True, bias="scalar", clip=32.0)
     rows = random_inputs(rng, 500, 300, 0.1)
-    _assert_push_equals_pull(net, rows, batch=batch)
+    _assert_push_equals_pull(net, rows, batch=batch, dense=dense)
 
 
 @pytest.mark.gpu
 @needs_gpu
-def test_push_equals_pull_with_compression():
+@pytest.mark.parametrize("dense", [False, True])
+def test_push_equals_pull_with_compression(dense):
     """Deep enough for the engine to merge identical rows after the pushed layer."""
     rng = np.random.default_rng(9)
     net = random_network(rng, [128] * 25, 0.1, uniform=True, bias="scalar", clip=32.0)
     dense = (rng.random((40, 128)) < 0.15).astype(np.float32)
     rows = SparseRows.from_dense(np.repeat(dense, 16, axis=0))  # rows repeated
-    _assert_push_equals_pull(net, rows, compress="auto")
+    _assert_push_equals_pull(net, rows, compress="auto", dense=dense)
 
 
 @pytest.mark.gpu

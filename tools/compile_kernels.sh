@@ -32,7 +32,7 @@ trap 'rm -rf "$work"' EXIT
   done; done; done
   for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_push<$vals,$it>(P, const int*, const u16*, const float*, int, int);"
-  done; done
+  done; echo "template __global__ void layer_push_dense<$vals>(P, const int*, const u16*, const float*, int, int);"; done
   for it in u16 int; do
     echo "template __global__ void scatter_rows<$it>(float*, i64, const int*, int, const i64*, const $it*, const float*, int*);"
   done

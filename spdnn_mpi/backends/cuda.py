@@ -138,6 +138,7 @@ class CudaBackend:
         self._results_host = None  # its pinned host copy, reused
         self._push = None  # the first layer's push form (cuda_push), where it is exact
         self._push_batch = None  # this batch pushes layer 1: the inputs' index type
+        self._push_dense = False  # this batch pushes later layers that have a push form
 
     # -- helpers -------------------------------------------------------------
     def _track_peak(self) -> None:
@@ -189,10 +190,17 @@ class CudaBackend:
                 width = max(width, layer.n_in, layer.n_out)
                 if progress is not None:
                     progress(len(self._layers))
+            mode = self._defines["SPDNN_PUSH"]
             self._push = None
-            if layers and cuda_push.may_push(self._defines["SPDNN_PUSH"], layers[0]):
+            if layers and cuda_push.may_push(mode, layers[0]):
                 self._push = launcher.push_entry(layers[0], smem_limit)
                 layout_bytes += sum(int(a.nbytes) for a in self._push["keep"])
+            if self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"] > 0:
+                for layer, entry in zip(layers[1:], self._layers[1:]):
+                    if cuda_push.may_push(mode, layer):
+                        entry["push"] = launcher.push_entry(layer, smem_limit, dense=True)
+                        if entry["push"] is not None:
+                            layout_bytes += sum(int(a.nbytes) for a in entry["push"]["keep"])
             self._stream.synchronize()
         self.width = width
         self._n_layers = len(layers)
@@ -213,6 +221,7 @@ class CudaBackend:
             "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
             "first_layer_push": (None if self._push is None else
                                  {"chunk": self._push["chunk"], "grid": self._push["grid"]}),
+            "dense_push_layers": sum(1 for e in self._layers if e.get("push")),
         }
 
     # -- features ------------------------------------------------------------
@@ -265,6 +274,8 @@ class CudaBackend:
                 self._buf[0, : n_tiles * self._tstride].fill(0)
             self._masks.fill(0)
             self._push_batch = None
+            self._push_dense = (self._defines["SPDNN_PUSH"] != cuda_push.PUSH_OFF
+                                and n <= self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"])
             if n:
                 base = int(rows.indptr[0])
                 indptr = cp.asarray(np.asarray(rows.indptr, dtype=np.int64) - base)
@@ -314,10 +325,10 @@ class CudaBackend:
         L = self._layers[k]
         kk = np.int32(k)
         drop = drop_dead and not held
-        if k == 0 and self._push_batch:  # from the input rows (nothing is held yet)
-            P = self._push
-            kern, grid, threads, smem = (P["kerns"][self._push_batch], P["grid"], P["threads"],
-                                         P["smem"])
+        P = self._push_form(k)
+        if P is not None:  # the first layer from the input rows, or a later one from tiles
+            kern, grid, threads, smem = (P["kerns"][self._push_batch or "u16"], P["grid"],
+                                         P["threads"], P["smem"])
             extra = P["extra"]
         elif held:
             (kern, grid, threads, smem), extra = L["small"][held], L["extra_held"]
@@ -331,12 +342,20 @@ class CudaBackend:
             self._compact((self.sms * 8,), (256,),
                           (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
 
+    def _push_form(self, k: int) -> dict | None:
+        """The push form layer ``k`` runs in this batch (``cuda_push``), if any."""
+        if k == 0:
+            return self._push if self._push_batch else None
+        return self._layers[k].get("push") if self._push_dense else None
+
     def _compacts_on_write(self, k: int) -> bool:
         """Whether layer ``k`` writes the compaction its predecessor may ask for
         (no compact_rows pass before it). The last layer's is left pending:
         ``finish`` reads the survivors from the mask, and a merge runs it first."""
         if k >= self._n_layers:
             return True
+        if self._push_form(k) is not None:  # pushed from tiles in place
+            return False
         return lay.compacts_on_write(self._layers[k]["plan"].kind)
 
     def _flush(self, gather: tuple | None = None) -> None:
@@ -350,7 +369,7 @@ class CudaBackend:
         todo, self._pending = tuple(self._pending), []
         tail = self._gather_key(gather)
         with self._dev, self._stream:
-            key = (todo, self._held, tail, self._push_batch)
+            key = (todo, self._held, tail, self._push_batch, self._push_dense)
             graph = self._graphs.get(key) if self._graphs_on and todo else None
             if graph is None and self._graphs_on and todo:
                 graph = self._capture(todo, self._held, gather)
@@ -386,7 +405,8 @@ class CudaBackend:
             return None
         if len(self._graphs) > 4096:  # compression cuts a 1920-layer run into ~70 pieces
             self._graphs.clear()
-        self._graphs[(todo, held, self._gather_key(gather), self._push_batch)] = graph
+        self._graphs[(todo, held, self._gather_key(gather), self._push_batch,
+                      self._push_dense)] = graph
         return graph
 
     def _gather_key(self, gather: tuple | None) -> tuple | None:

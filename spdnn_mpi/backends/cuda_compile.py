@@ -50,7 +50,11 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_PUSH_MAX_DENSITY_PCT": 50,
     "SPDNN_PUSH_CHUNK": 256,
     "SPDNN_PUSH_THREADS": 256,
+    "SPDNN_PUSH_MIN_BLOCKS": 4,
     "SPDNN_PUSH_AHEAD": 4,
+    # later layers with values pushed from the tiles (their ReLU zeros skipped) in
+    # batches of at most this many rows (0: never)
+    "SPDNN_PUSH_DENSE_MAX_ROWS": 0,
 }
 #: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
@@ -114,4 +118,5 @@ def kernel_names(degrees: set[int]) -> list[str]:
                 names.append(f"layer_csr<{smem},{vals},{itype}>")
     names += [f"layer_push<{vals},{itype}>" for vals in ("true", "false")
               for itype in ("u16", "int")]
+    names += [f"layer_push_dense<{vals}>" for vals in ("true", "false")]
     return names

@@ -104,8 +104,8 @@ def push_layout(layer: Layer, chunk: int) -> PushLayout:
                       (out[order] - c[order] * chunk).astype(np.uint16), weights)
 
 
-def push_kernel(layer: Layer, rows: SparseRows | None = None) -> str:
-    """NVRTC name of the push kernel for ``layer`` (and the inputs' index type)."""
+def push_kernel(layer: Layer, dense: bool = False) -> str:
+    """NVRTC name of the push kernel for ``layer``: from the input rows (16-bit
+    indices; the 32-bit form ends ``,int>``) or, ``dense``, from the tiles."""
     vals = "true" if layer.values is not None else "false"
-    itype = "u16" if rows is None or rows.n_cols <= 65536 else "int"
-    return f"layer_push<{vals},{itype}>"
+    return f"layer_push_dense<{vals}>" if dense else f"layer_push<{vals},u16>"

@@ -386,7 +386,8 @@ def table(rows: list[dict], peers: list[str]) -> str:
         a100, snicit = r["anchors"]["paper_2020_a100"], r["anchors"]["snicit_a6000"]
         off_t = off["teraedges_per_second"] if off else None
         auto_t = auto["teraedges_per_second"] if auto else None
-        checks = [m["check"]["passed"] for m in r["modes"].values() if m.get("check")]
+        checks = [m["check"] for m in r["modes"].values() if m.get("check")]
+        checked = any(c["against"] != "off" for c in checks)  # truth or a peer, not auto=off
         line = [r["neurons"], r["layers"], off_t, auto_t,
                 auto["computed_teraedges_per_second"] if auto else None,
                 auto_t / off_t if off_t and auto_t else None,
@@ -395,7 +396,8 @@ def table(rows: list[dict], peers: list[str]) -> str:
                 _runs(off) if off else None, _runs(auto) if auto else None,
                 (auto or off)["end_to_end_seconds"],
                 (auto or off)["alive_at_end"],
-                "FAIL" if row_failed(r) else ("pass" if checks else "-")]
+                "FAIL" if row_failed(r) else
+                ("pass" if checked else "auto=off" if checks else "-")]
         for peer in peers:
             pr = r["peers"].get(peer, {})
             line += [pr.get("seconds"), pr.get("speedup")]
@@ -412,7 +414,8 @@ def table(rows: list[dict], peers: list[str]) -> str:
               "published TE/s (2020 paper, one A100; SNICIT 2023, one RTX A6000). e2e_s: "
               "store read + layout + inputs + inference + categories file. off_runs_s, "
               "auto_runs_s: fastest-slowest of each mode's --repeat timed runs. x<peer>: the "
-              "peer's time over ours (off).")
+              "peer's time over ours (off). check: pass = the categories equal the truth or "
+              "a peer's; auto=off = the two modes agree, with no truth or peer to check them.")
     return format_table(headers, out) + "\n" + legend
 
 
