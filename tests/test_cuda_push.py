@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import random_inputs, random_network
 from test_cuda import CUDA_OK, CUDA_WHY
+from test_cuda_models import _assert_matches_reference
 
 from spdnn_mpi.backends import cuda_push
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
-from spdnn_mpi.reference import reference_infer
 
 
 def _dense_w(layer: Layer) -> np.ndarray:
@@ -105,14 +105,6 @@ def _run(net, rows, push, compress="off", batch=None, variant="auto", dense=Fals
     return res, backend
 
 
-def _assert_reference(net, rows, res):
-    ids, ref = reference_infer(net, rows)
-    np.testing.assert_array_equal(res.alive_ids, ids)
-    if ref.size:
-        err = np.linalg.norm(res.features - ref) / max(np.linalg.norm(ref), 1e-30)
-        assert err <= 1e-5, err
-
-
 def _assert_push_equals_pull(net, rows, dense=False, **kw):
     """Pushed (the first layer; with ``dense`` the later ones too) against pulled."""
     pushed, b_push = _run(net, rows, cuda_push.PUSH_ALWAYS, dense=dense, **kw)
@@ -123,7 +115,7 @@ def _assert_push_equals_pull(net, rows, dense=False, **kw):
     np.testing.assert_array_equal(pushed.features.view(np.uint32),
                                   pulled.features.view(np.uint32))
     np.testing.assert_array_equal(pushed.live_per_layer, pulled.live_per_layer)
-    _assert_reference(net, rows, pushed)
+    _assert_matches_reference(net, rows, pushed)
 
 
 needs_gpu = pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)
@@ -217,7 +209,7 @@ def test_unsorted_inputs_are_pulled_and_auto_pushes_sparse_values():
     res, backend = _run(net, rows, cuda_push.PUSH_AUTO)
     assert backend._push_batch == "u16"
     assert backend.describe()["first_layer_push"]["chunk"] == 60
-    _assert_reference(net, rows, res)
+    _assert_matches_reference(net, rows, res)
     idx = rows.indices.copy()
     for r in range(rows.n_rows):  # every row reversed
         lo, hi = rows.indptr[r], rows.indptr[r + 1]
@@ -226,8 +218,8 @@ def test_unsorted_inputs_are_pulled_and_auto_pushes_sparse_values():
         [np.arange(rows.indptr[r], rows.indptr[r + 1])[::-1] for r in range(rows.n_rows)])])
     res, backend = _run(net, reversed_rows, cuda_push.PUSH_ALWAYS)
     assert backend._push_batch is None
-    _assert_reference(net, rows, res)
+    _assert_matches_reference(net, rows, res)
     dense_rows = random_inputs(rng, 90, 80, 0.9, binary=False)
     res, backend = _run(net, dense_rows, cuda_push.PUSH_AUTO)
     assert backend._push_batch is None
-    _assert_reference(net, dense_rows, res)
+    _assert_matches_reference(net, dense_rows, res)
