@@ -99,6 +99,10 @@ class Backend(Protocol):
     def max_batch_rows(self, width: int) -> int | None:
         """Most rows whose features fit this backend's memory at this width (None: no limit)."""
 
+    def release_buffers(self) -> None:
+        """Give back the batch's buffers (the network stays loaded), so a peer
+        measured beside us has the memory; the next ``load_features`` allocates anew."""
+
     def describe(self) -> dict:
         """Device, threads and layout facts for the report."""
 

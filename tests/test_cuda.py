@@ -728,6 +728,26 @@ def test_describe_reports_memory_and_timing():
 
 @pytest.mark.gpu
 @needs_gpu
+def test_released_buffers_are_allocated_again_and_graphs_still_serve():
+    """release_buffers (before a peer) frees the device arrays of the batch; the
+    next run allocates them again and its results are the same bit for bit."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(9)
+    net = _random_network(rng, [300, 300, 300, 300])
+    rows = _random_rows(rng, 2000, 300, 0.2)
+    backend = _backend(device=0)
+    backend.load_network(net.layers)
+    first = run_inference(net, rows, backend, want_features=True)
+    held = cp.get_default_memory_pool().used_bytes()
+    backend.release_buffers()
+    assert cp.get_default_memory_pool().used_bytes() < held
+    again = run_inference(net, rows, backend, want_features=True)
+    np.testing.assert_array_equal(first.alive_ids, again.alive_ids)
+    np.testing.assert_array_equal(first.features.view(np.uint32), again.features.view(np.uint32))
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("peer", ["cusparse", "torch"])
 def test_gpu_peers_agree_with_reference(peer):
     from spdnn_mpi.errors import SpdnnError

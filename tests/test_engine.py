@@ -182,3 +182,18 @@ def test_warm_up_takes_the_backends_rows(warm_up_rows, expected):
     _median, times, _res = time_inference(network, rows, backend, repeat=2)
     assert backend.loads == [expected, 700, 700]
     assert len(times) == 2
+
+
+@pytest.mark.parametrize("backend_name", FAST_BACKENDS)
+def test_released_buffers_come_back_for_the_next_batch(backend_name):
+    """``release_buffers`` (before a peer runs beside us) keeps the network loaded."""
+    rng = np.random.default_rng(4)
+    network = random_network(rng, [40, 40, 40], 0.2, uniform=True)
+    rows = random_inputs(rng, 300, 40, 0.3)
+    backend = make_backend(backend_name)
+    backend.load_network(network.layers)
+    first = run_inference(network, rows, backend, want_features=True)
+    backend.release_buffers()
+    again = run_inference(network, rows, backend, want_features=True)
+    np.testing.assert_array_equal(first.alive_ids, again.alive_ids)
+    np.testing.assert_array_equal(first.features, again.features)

@@ -215,6 +215,10 @@ class CpuBackend:
             features = self._k.gather_rows(self._cur, slots.astype(np.int64), self._cur_width)
         return BatchResult(self._pos[slots], self._live, self._layer_seconds, features)
 
+    def release_buffers(self) -> None:
+        """Give back the two feature buffers (``_ensure_buffers`` makes new ones)."""
+        self._cur = self._spare = None
+
     def max_batch_rows(self, width: int) -> int | None:
         budget = self._memory_fraction * available_bytes()
         return max(self.tile_rows, int(budget // (2 * width * 4)))

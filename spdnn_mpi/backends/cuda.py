@@ -507,6 +507,16 @@ class CudaBackend:
             self._results_host = cupyx.empty_pinned(max(host_words, 4096), dtype=np.int32)
         return self._results, self._results_host
 
+    def release_buffers(self) -> None:
+        """Give the feature buffers and the packed results back to the device (the
+        layouts stay); graphs read the buffers from the pointer table, so they stay
+        valid, and the next batch allocates again."""
+        self._buf = self._pos = self._masks = self._tile_base = self._results = None
+        self._b = self._p = None
+        self._cap_tiles = 0
+        self._inputs = None
+        self._cp.get_default_memory_pool().free_all_blocks()
+
     def max_batch_rows(self, width: int) -> int | None:
         """Rows whose two feature buffers (plus inputs) fit the free device memory."""
         cp = self._cp

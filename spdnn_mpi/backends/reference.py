@@ -76,6 +76,11 @@ class ReferenceBackend:
             self._pos[alive], self._live, None, self._y[alive] if want_features else None
         )
 
+    def release_buffers(self) -> None:
+        """Drop the current features."""
+        self._pos = np.zeros(0, dtype=np.int64)
+        self._y = np.zeros((0, 0), dtype=np.float32)
+
     def max_batch_rows(self, width: int) -> int | None:
         return None
 

@@ -319,6 +319,8 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     peer_cap = args.peer_max[0] * args.peer_max[1] if args.peer_max else None
     base = modes.get("off") or modes["auto"]  # peers compute every live row, like off
     peer_ids: dict[str, np.ndarray] = {}
+    if any(p not in ("onnxruntime", "torch-dense") for p in args.peer):
+        backend.release_buffers()  # the peer's memory: 31 GB at 60000 x 65536 on a GPU
     for peer in args.peer:
         if peer in ("onnxruntime", "torch-dense"):
             row["peers"][peer] = {"skipped": "a peer for imported models only"}
