@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_network
 
 from spdnn_mpi.backends import cuda_available
 from spdnn_mpi.backends import cuda_layout as lay
@@ -188,8 +189,27 @@ class _FakeKernel:
 
 
 class _FakeModule:
+    """Kernels by name; one object a name, as the driver keeps one function (and its
+    attributes) a name in a module."""
+
+    def __init__(self):
+        self.kernels = {}
+
     def get_function(self, name):
-        return _FakeKernel(name)
+        return self.kernels.setdefault(name, _FakeKernel(name))
+
+
+def test_shared_memory_limit_of_a_kernel_is_only_raised():
+    """Two staged layers of the same kernel: the second, smaller, must not lower
+    the limit the first needs (CUDA_ERROR_INVALID_VALUE at its launch)."""
+    rng = np.random.default_rng(5)
+    limit = 227 * 1024
+    launcher = _planning_launcher()
+    wide, narrow = (random_network(rng, [n_in, 40], 0.1).layers[0] for n_in in (644, 533))
+    for layer in (wide, narrow):
+        entry = launcher.layer_entry(layer, lay.plan_layer(layer, limit), limit)
+        assert entry["plan"].kind == "csr4_smem"
+    assert entry["kern"].max_dynamic_shared_size_bytes == 644 * 128
 
 
 def _planning_launcher():
