@@ -30,57 +30,58 @@ static_assert(32 % PUSH_ROWS == 0, "a unit's rows must divide a 32-row tile");
 #ifndef SPDNN_PUSH_MIN_BLOCKS
 #define SPDNN_PUSH_MIN_BLOCKS 4  // blocks an SM the push kernels are compiled for
 #endif
+#ifndef SPDNN_PUSH_SYNC
+#define SPDNN_PUSH_SYNC 1  // 0 only to measure what the ordering costs: not exact without it
+#endif
 #ifndef SPDNN_PUSH_AHEAD
-#define SPDNN_PUSH_AHEAD 4  // inputs whose first entries a lane loads ahead
+#define SPDNN_PUSH_AHEAD 8  // inputs whose entries are loaded at once
 #endif
 
-// The lane's first entry (output, weight) of input q of the 32 a lane holds
-// (span e0..e1): output -1 where the lane has none.
-__device__ __forceinline__ void push_entry(int q, int e0, int e1, const u16* __restrict__ outs,
-                                           const float* __restrict__ w, bool vals, int& j,
-                                           float& wv) {
-  const int p = __shfl_sync(0xffffffffu, e0, q) + (threadIdx.x & 31);
-  const bool has = p < __shfl_sync(0xffffffffu, e1, q);
-  j = has ? (int)__ldg(outs + p) : -1;
-  wv = has && vals ? __ldg(w + p) : 1.0f;
-}
-
 // Up to 32 inputs, lane q holding input q's value x and its entries e0..e1
-// (q < n, ascending k), pushed into one row's sums of a chunk in that order:
-// each lane adds its entry of input q while the entries of the next
-// SPDNN_PUSH_AHEAD inputs are in flight (one latency per input otherwise).
+// (q < n, ascending k), pushed into one row's sums of a chunk in that order.
+// The entries of SPDNN_PUSH_AHEAD inputs (two per lane: the first 64 of an
+// input) are loaded at once, then added input by input from registers, so a
+// memory latency is paid once per SPDNN_PUSH_AHEAD inputs, not per input;
+// longer inputs add the rest in a loop of their own.
 template <bool VALS>
 __device__ __forceinline__ void push_inputs(float* acc, float x, int e0, int e1, int n,
                                             const u16* __restrict__ outs,
                                             const float* __restrict__ w) {
   constexpr int D = SPDNN_PUSH_AHEAD;
   const int lane = threadIdx.x & 31;
-  int jn[D];
-  float wn[D];
-#pragma unroll
-  for (int d = 0; d < D; ++d) {
-    jn[d] = -1;
-    wn[d] = 0.0f;
-    if (d < n) push_entry(d, e0, e1, outs, w, VALS, jn[d], wn[d]);
-  }
   for (int q0 = 0; q0 < n; q0 += D) {
+    int j[D][2];
+    float wv[D][2];
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int q = min(q0 + d, 31);
+      const int b = __shfl_sync(0xffffffffu, e0, q), e = __shfl_sync(0xffffffffu, e1, q);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int p = b + 32 * h + lane;
+        const bool has = q0 + d < n && p < e;
+        j[d][h] = has ? (int)__ldg(outs + p) : -1;
+        wv[d][h] = has && VALS ? __ldg(w + p) : 1.0f;
+      }
+    }
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       const int q = q0 + d;
       if (q < n) {  // uniform over the warp
-        const int j = jn[d];
-        const float wv = wn[d];
         const float xq = __shfl_sync(0xffffffffu, x, q);
         const int b = __shfl_sync(0xffffffffu, e0, q), e = __shfl_sync(0xffffffffu, e1, q);
-        if (q + D < n) push_entry(q + D, e0, e1, outs, w, VALS, jn[d], wn[d]);
-        if (j >= 0) {
-          if constexpr (VALS) {
-            acc[j] = fmaf(wv, xq, acc[j]);
-          } else {
-            acc[j] += xq;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int jj = j[d][h];
+          if (jj >= 0) {  // each output once per input: no two lanes meet
+            if constexpr (VALS) {
+              acc[jj] = fmaf(wv[d][h], xq, acc[jj]);
+            } else {
+              acc[jj] += xq;
+            }
           }
         }
-        for (int p = b + 32 + lane; p < e; p += 32) {  // inputs with more than 32 entries
+        for (int p = b + 64 + lane; p < e; p += 32) {  // inputs with more than 64 entries
           const int jt = __ldg(outs + p);
           if constexpr (VALS) {
             acc[jt] = fmaf(__ldg(w + p), xq, acc[jt]);
@@ -88,7 +89,9 @@ __device__ __forceinline__ void push_inputs(float* acc, float x, int e0, int e1,
             acc[jt] += xq;
           }
         }
+#if SPDNN_PUSH_SYNC
         __syncwarp();  // the next input's adds see this one's
+#endif
       }
     }
   }
