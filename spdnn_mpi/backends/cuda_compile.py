@@ -45,8 +45,10 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_CSR4_MIN_BLOCKS": 1,
     # the first layer pushed from sparse input rows (cuda_push: 0 never, 1 layers with
     # values when a batch's inputs are at most SPDNN_PUSH_MAX_DENSITY_PCT % nonzero,
-    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row
-    "SPDNN_PUSH": 1,
+    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row. Off: its
+    # first form took 149 against 64 us for layer 1 of the 90 % MNIST model at 1000
+    # digits (H100, tools/model_run_probe.py, docs/performance.md, v12)
+    "SPDNN_PUSH": 0,
     "SPDNN_PUSH_MAX_DENSITY_PCT": 50,
     "SPDNN_PUSH_CHUNK": 256,
     "SPDNN_PUSH_THREADS": 256,
