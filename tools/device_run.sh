@@ -6,7 +6,7 @@
 #
 #   bash tools/device_run.sh                    # everything
 #   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
-#                                               # locality compress models modellayers profile
+#                                               # locality compress models modellayers profile push
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
 # harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
@@ -17,6 +17,11 @@
 # layers of an N = PROFILE_N network, once per PROFILE_DEFINES entry (a
 # space-separated list; each entry comma-separated NAME=INT, or "-" for the
 # defaults): time, DRAM bytes, L2 store sectors, stalls (tools/profile_layers.py).
+#
+# `push` measures the push forms (cuda/spdnn_push.cu, off by default) on the
+# shipped models at their 1000 held-out digits: tools/model_run_probe.py with
+# each PUSH_VARIANTS entry (";"-separated lists of --define NAME=INT) against the
+# defaults, then their GPU tests (tests/test_cuda_push.py).
 #
 # `models` benchmarks the shipped pruned MNIST classifiers (spdnn bench --models)
 # with the cuda backend against PyTorch dense (cuBLAS), torch.sparse and
@@ -165,6 +170,21 @@ if [[ $steps == *modellayers* ]]; then
   python3 tools/model_layers.py ${MODEL_LAYERS_ARGS:---variant auto --variant csr} \
     --json "$out/model_layers.json" > "$out/model_layers.log" 2>&1
   note "model layers rc=$?"
+fi
+
+if [[ $steps == *push* ]]; then
+  IFS=';' read -ra push_variants <<< "${PUSH_VARIANTS:-SPDNN_PUSH=1;SPDNN_PUSH=1 SPDNN_PUSH_SYNC=0;SPDNN_PUSH=1 SPDNN_PUSH_CHUNK=128;SPDNN_PUSH=1 SPDNN_PUSH_CHUNK=128 SPDNN_PUSH_DENSE_MAX_ROWS=4096}"
+  : > "$out/push_probe.log"
+  for defs in "" "${push_variants[@]}"; do
+    dargs=()
+    for kv in $defs; do dargs+=(--define "$kv"); done
+    timeout 60 python3 tools/model_run_probe.py --label "[${defs:-defaults}]" "${dargs[@]}" \
+      --runs 40 >> "$out/push_probe.log" 2>&1
+  done
+  note "push probes: $(grep -c 'engine total' "$out/push_probe.log") lines"
+  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_push.py \
+    > "$out/pytest_push.log" 2>&1
+  note "push tests: $(tail -n 1 "$out/pytest_push.log")"
 fi
 
 if [[ $steps == *models* ]]; then
