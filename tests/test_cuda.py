@@ -345,11 +345,12 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     assert calls == ["push_dense"]
 
 
-@pytest.mark.parametrize("ascending", [True, False])
+@pytest.mark.parametrize("ascending, ordered", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("want_features", [True, False])
-def test_packed_results_are_read_back_in_position_order(want_features, ascending):
+def test_packed_results_are_read_back_in_position_order(want_features, ascending, ordered):
     """The layout gather_results writes (cuda/spdnn_rows.cu) as finish reads it:
-    counts, 64-bit stamps in two words, positions and features in slot order.
+    counts, 64-bit stamps in two words, positions and features in slot order
+    (``ordered``: the caller vouches that they ascend, as they do without merges).
     Nothing read back may be a view of the (reused, pinned) host buffer."""
     from spdnn_mpi.backends.cuda import ST_SIZE, results_head, unpack_results
 
@@ -363,9 +364,10 @@ def test_packed_results_are_read_back_in_position_order(want_features, ascending
                            feats.view(np.int32).ravel() if want_features else []]).astype(np.int32)
     assert results_head(n_run) == 1 + ST_SIZE + n_run + 2 * (n_run + 1)
     got_state, got_live, got_stamps, got_pos, got_feats = unpack_results(data, n_run, width,
-                                                                         want_features)
+                                                                         want_features, ordered)
     data[:] = -1  # the next batch's copy into the same buffer
     assert np.array_equal(got_state, state) and got_live == [9, 7, 4]
+    assert all(type(v) is int for v in got_live)
     assert np.array_equal(got_stamps, stamps.astype(np.float64))
     assert got_pos.tolist() == [3, 7, 12, 40] and got_pos.dtype == np.int64
     if want_features:
