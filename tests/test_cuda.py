@@ -352,7 +352,7 @@ def test_packed_results_are_read_back_in_position_order(want_features, ascending
     counts, 64-bit stamps in two words, positions and features in slot order
     (``ordered``: the caller vouches that they ascend, as they do without merges).
     Nothing read back may be a view of the (reused, pinned) host buffer."""
-    from spdnn_mpi.backends.cuda import ST_SIZE, results_head, unpack_results
+    from spdnn_mpi.backends.cuda_readback import ST_SIZE, results_head, unpack_results
 
     n_run, width = 3, 5
     state = np.arange(ST_SIZE, dtype=np.int32)
@@ -804,3 +804,146 @@ def test_layout_build_reports_progress_per_layer():
     rows = _random_rows(rng, 50, 96, 0.2)
     res = run_inference(network, rows, backend)
     np.testing.assert_array_equal(res.alive_ids, reference_infer(network, rows)[0])
+
+
+class _FakeDeviceArray:
+    """A NumPy array with CuPy's ``get(stream=, out=)``; records the copies."""
+
+    def __init__(self, data, copies):
+        self.data, self.copies = data, copies
+
+    @property
+    def size(self):
+        return self.data.size
+
+    def __getitem__(self, key):
+        return _FakeDeviceArray(self.data[key], self.copies)
+
+    def get(self, stream=None, out=None):
+        self.copies.append(self.data.size)
+        if out is None:
+            return self.data.copy()
+        out[...] = self.data
+        return out
+
+
+@pytest.mark.parametrize("rows, width", [(1000, 10), (300_000, 10)])
+def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, rows, width):
+    """Small batches: one copy into the reused pinned buffer; large ones: the head,
+    then exactly the survivors. The device array is reused while large enough."""
+    import sys
+    import types
+
+    from spdnn_mpi.backends import cuda_readback as rb
+
+    copies: list[int] = []
+
+    class FakeCp:
+        @staticmethod
+        def empty(words, dtype):
+            return _FakeDeviceArray(np.zeros(words, dtype=dtype), copies)
+
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=np.zeros))
+    packed = rb.PackedResults(FakeCp())
+    head, per_row, alive = rb.results_head(3), 1 + width, rows // 2
+    upper = head + rows * per_row
+    out = packed.ensure(upper)
+    assert packed.ensure(upper - 5) is out  # large enough: the same address
+    out.data[0] = alive
+    out.data[head:head + alive * per_row] = 7
+    data = packed.read(None, upper, head, per_row)
+    if upper * 4 <= rb.SINGLE_COPY_BYTES:
+        assert copies == [upper] and data.size == upper
+    else:
+        assert copies == [head, head + alive * per_row] and data.size == head + alive * per_row
+    assert int(data[0]) == alive and np.all(data[head:head + alive * per_row] == 7)
+    packed.release()
+    assert packed.device is None
+
+
+class _FakeStream:
+    def __init__(self, fail=False):
+        self.fail, self.captured = fail, []
+
+    def begin_capture(self):
+        if self.fail:
+            raise RuntimeError("capture not supported")
+
+    def end_capture(self):
+        return ("graph", len(self.captured))
+
+
+def test_graph_cache_keys_pieces_by_what_they_launch_and_turns_off_on_failure():
+    from spdnn_mpi.backends.cuda_graphs import GraphCache
+
+    class Cp:
+        class ndarray:
+            def __init__(self, ptr):
+                self.data = type("Mem", (), {"ptr": ptr})()
+
+    cache = GraphCache(Cp(), on=True)
+    todo = ((0, True), (1, False))
+    out_a, out_b = Cp.ndarray(1000), Cp.ndarray(2000)
+    gather_a = (4, (np.int32(3), out_a))
+    key_a = cache.key(todo, 0, gather_a, ("u16", False))
+    assert cache.key(todo, 0, (4, (np.int32(3), Cp.ndarray(1000))), ("u16", False)) == key_a
+    for other in (cache.key(todo, 16, gather_a, ("u16", False)),  # rows held
+                  cache.key(todo, 0, (4, (np.int32(3), out_b)), ("u16", False)),  # address
+                  cache.key(todo, 0, (8, (np.int32(3), out_a)), ("u16", False)),  # grid
+                  cache.key(todo, 0, gather_a, (None, False)),  # push form
+                  cache.key(todo[:1], 0, gather_a, ("u16", False))):  # layers
+        assert other != key_a
+    stream, launched = _FakeStream(), []
+    graph = cache.capture(stream, key_a, lambda: launched.append("piece"))
+    assert launched == ["piece"] and cache.get(key_a) is graph and cache.any() is graph
+    cache.clear()
+    assert cache.get(key_a) is None and cache.any() is None
+    assert cache.capture(_FakeStream(fail=True), key_a, lambda: None) is None
+    assert not cache.on and "capture not supported" in cache.note
+    assert cache.get(key_a) is None
+
+
+def test_layer_pieces_are_captured_once_then_launched_as_graphs():
+    """The backend's loop over the graph cache (host logic, fake stream): a piece is
+    captured on first sight and its graph launched; the same piece again is only
+    launched; with graphs off the layers are launched one by one."""
+    import contextlib
+
+    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda_graphs import GraphCache
+
+    class Graph:
+        def __init__(self, log):
+            self.log = log
+
+        def launch(self, stream=None):
+            self.log.append("graph")
+
+    log: list[str] = []
+
+    class Stream(contextlib.nullcontext):
+        def begin_capture(self):
+            log.append("begin")
+
+        def end_capture(self):
+            log.append("end")
+            return Graph(log)
+
+    backend = object.__new__(CudaBackend)
+    backend._dev, backend._stream = contextlib.nullcontext(), Stream()
+    backend._graph_cache = GraphCache(np, on=True)
+    backend._held, backend._merging = 0, False
+    backend._push_batch, backend._push_dense = None, False
+    backend._launch = lambda k, drop, held: log.append(f"layer{k}")
+    backend._gather = lambda grid, threads, args: log.append("gather")
+    gather = (4, (np.int32(3),))
+    for expected in (["begin", "layer0", "layer1", "gather", "end", "graph"], ["graph"]):
+        log.clear()
+        backend._pending = [(0, True), (1, False)]
+        backend._flush(gather=gather)
+        assert log == expected
+    backend._graph_cache.on = False
+    log.clear()
+    backend._pending = [(0, True)]
+    backend._flush(gather=gather)
+    assert log == ["layer0", "gather"]

@@ -89,11 +89,13 @@ def breakdown(backend, net, rows, runs: int) -> str:
                 spent.setdefault(name, []).append(time.perf_counter() - t)
         return wrapper
 
-    saved = (backend._flush, backend._track_peak, backend._results_buffers,
+    packed = backend._results
+    saved = (backend._flush, backend._track_peak, packed.ensure, packed.read,
              cuda_mod.unpack_results)
     backend._flush = timed("flush(launch)", backend._flush)
     backend._track_peak = timed("track_peak", backend._track_peak)
-    backend._results_buffers = timed("results_buffers", backend._results_buffers)
+    packed.ensure = timed("results_buffers", packed.ensure)
+    packed.read = timed("wait and copy", packed.read)
     cuda_mod.unpack_results = timed("unpack", cuda_mod.unpack_results)
     finish = timed("finish", backend.finish)
     for _ in range(runs):
@@ -102,9 +104,9 @@ def breakdown(backend, net, rows, runs: int) -> str:
         for k in range(net.n_layers):
             backend.run_layer(k, False)
         finish(True)
-    (backend._flush, backend._track_peak, backend._results_buffers,
+    (backend._flush, backend._track_peak, packed.ensure, packed.read,
      cuda_mod.unpack_results) = saved
-    graph = next(iter(backend._graphs.values()))
+    graph = backend._graph_cache.any()
     stream, cp = backend._stream, backend._cp
     wall, events = [], []
     for _ in range(runs):

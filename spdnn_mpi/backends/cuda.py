@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -29,49 +28,25 @@ from spdnn_mpi.backends.cuda_compile import (  # noqa: F401 (import_cupy: used b
     kernel_names,
 )
 from spdnn_mpi.backends.cuda_entry import Launcher
+from spdnn_mpi.backends.cuda_graphs import GraphCache
 from spdnn_mpi.backends.cuda_merge import DeviceMerge
+from spdnn_mpi.backends.cuda_readback import (
+    ST_COMPACTIONS,
+    ST_ROWS,
+    ST_SIZE,
+    ST_TILES,
+    PackedResults,
+    results_head,
+    unpack_results,
+)
 from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
-#: State slots, mirrored from cuda/spdnn_common.cuh.
-ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_SIZE = 0, 1, 8, 16
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles,
 #: then the batch's input rows (indptr, indices, values, slot rows) for the push form.
 P_BUFFERS, P_INPUTS, P_SIZE = 8, 8, 12
-#: ``finish`` copies the packed results in one piece up to this size (else in two).
-SINGLE_COPY_BYTES = 4 << 20
-
-
-def results_head(n_run: int) -> int:
-    """Words before the positions in ``gather_results``' array (cuda/spdnn_rows.cu)."""
-    return 1 + ST_SIZE + n_run + 2 * (n_run + 1)
-
-
-def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool,
-                   ordered: bool = False) -> tuple:
-    """(state, live counts, stamps, positions, features) from ``gather_results``'
-    int32 array, positions ascending and features in their order. ``ordered``:
-    the caller knows they ascend already (no merge ran: compaction keeps the
-    order), so they are not checked; at 1000 rows the check is a few us of the
-    small batch's timed host work.
-
-    Nothing returned is a view of ``data``, which may be a reused host buffer.
-    """
-    head = results_head(n_run)
-    n_alive = int(data[0])
-    state = data[1:1 + ST_SIZE].copy()
-    live = data[1 + ST_SIZE:1 + ST_SIZE + n_run].tolist()
-    stamps = np.ascontiguousarray(data[1 + ST_SIZE + n_run:head]).view(np.uint64)
-    pos = data[head:head + n_alive]
-    in_order = ordered or n_alive < 2 or not np.count_nonzero(pos[1:] <= pos[:-1])
-    order = slice(None) if in_order else np.argsort(pos, kind="stable")
-    features = None
-    if want_features:
-        flat = data[head + n_alive:head + n_alive * (1 + width)]
-        features = np.array(flat.view(np.float32).reshape(n_alive, width)[order])
-    return state, live, stamps.astype(np.float64), pos[order].astype(np.int64), features
 
 
 class CudaBackend:
@@ -129,17 +104,14 @@ class CudaBackend:
         self.width = 0
         self._layers_run = 0
         self._cap_tiles = 0
-        self._graphs_on = graphs
-        self._graphs: dict[tuple, Any] = {}
-        self._graph_note = "on" if graphs else "off"
+        self._graph_cache = GraphCache(cp, graphs)
         self._pending: list[tuple[int, bool]] = []
         self._peak = 0
         self._info: dict = {}
         self._batch_live: list[int] = []
         self._held = 0  # > 0: at most this many rows (one tile) held since a merge
         self._merging = False  # merges ran: graphs are captured in both forms
-        self._results = None  # gather_results' device array, reused (graphs hold its address)
-        self._results_host = None  # its pinned host copy, reused
+        self._results = PackedResults(cp)  # gather_results' array and its host copy
         self._push = None  # the first layer's push form (cuda_push), where it is exact
         self._push_batch = None  # this batch pushes layer 1: the inputs' index type
         self._push_dense = False  # this batch pushes later layers that have a push form
@@ -213,7 +185,7 @@ class CudaBackend:
             self._stamps = cp.zeros(len(layers) + 1, dtype=np.uint64)
             self._state = cp.zeros(ST_SIZE, dtype=np.int32)
             self._ptrs = cp.zeros(P_SIZE, dtype=np.int64)
-        self._graphs = {}
+        self._graph_cache.clear()
         self._cap_tiles = 0
         self._track_peak()
         self._info = {
@@ -371,54 +343,36 @@ class CudaBackend:
         if not self._pending and gather is None:
             return
         todo, self._pending = tuple(self._pending), []
-        tail = self._gather_key(gather)
         with self._dev, self._stream:
-            key = (todo, self._held, tail, self._push_batch, self._push_dense)
-            graph = self._graphs.get(key) if self._graphs_on and todo else None
-            if graph is None and self._graphs_on and todo:
-                graph = self._capture(todo, self._held, gather)
-                # every form at once while merging: a warm-up that ends with another
-                # number of rows than the timed run then leaves nothing to capture there
-                for held in (0, *lay.ELL_ROWS) if self._merging else ():
-                    if held != self._held:
-                        self._capture(todo, held, gather)
+            graph = None
+            if todo and self._graph_cache.on:
+                graph = self._graph_cache.get(self._piece_key(todo, self._held, gather))
+                if graph is None:
+                    graph = self._capture(todo, self._held, gather)
+                    # every form at once while merging: a warm-up that ends with another
+                    # number of rows than the timed run then leaves nothing to capture there
+                    for held in (0, *lay.ELL_ROWS) if self._merging else ():
+                        if held != self._held:
+                            self._capture(todo, held, gather)
             if graph is not None:
                 graph.launch(stream=self._stream)
-                return
-            for k, drop in todo:
-                self._launch(k, drop, self._held)
-            if gather is not None:
-                self._gather((gather[0],), (256,), gather[1])
+            else:
+                self._run_piece(todo, self._held, gather)
+
+    def _piece_key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
+        return self._graph_cache.key(todo, held, gather, (self._push_batch, self._push_dense))
+
+    def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
+        """Enqueue the layers of ``todo`` (and the gather) on the stream."""
+        for k, drop in todo:
+            self._launch(k, drop, held)
+        if gather is not None:
+            self._gather((gather[0],), (256,), gather[1])
 
     def _capture(self, todo: tuple, held: int, gather: tuple | None = None):
-        """Capture ``todo`` (then ``gather``) into a graph; on any failure turn
-        graphs off and say why."""
-        stream = self._stream
-        try:
-            stream.begin_capture()
-            try:
-                for k, drop in todo:
-                    self._launch(k, drop, held)
-                if gather is not None:
-                    self._gather((gather[0],), (256,), gather[1])
-            finally:
-                graph = stream.end_capture()
-        except Exception as exc:  # CuPy without graphs, or a capture rule broken
-            self._graphs_on = False
-            self._graph_note = f"off ({type(exc).__name__}: {exc})"
-            return None
-        if len(self._graphs) > 4096:  # compression cuts a 1920-layer run into ~70 pieces
-            self._graphs.clear()
-        self._graphs[(todo, held, self._gather_key(gather), self._push_batch,
-                      self._push_dense)] = graph
-        return graph
-
-    def _gather_key(self, gather: tuple | None) -> tuple | None:
-        """What identifies a ``gather_results`` launch in the graph cache."""
-        if gather is None:
-            return None
-        nd = self._cp.ndarray
-        return gather[0], tuple(a.data.ptr if isinstance(a, nd) else int(a) for a in gather[1])
+        """The graph of ``todo`` (then ``gather``) with ``held`` rows, captured now."""
+        return self._graph_cache.capture(self._stream, self._piece_key(todo, held, gather),
+                                         lambda: self._run_piece(todo, held, gather))
 
     def synchronize(self) -> None:
         """Wait for everything queued on this backend's stream."""
@@ -476,17 +430,14 @@ class CudaBackend:
         head = results_head(n_run)
         per_row = 1 + (width if want_features else 0)
         upper = head + self._loaded_rows * per_row
-        out, host = self._results_buffers(upper, min(upper, SINGLE_COPY_BYTES // 4))
+        with self._dev:
+            out = self._results.ensure(upper)
         blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
         self._flush(gather=(blocks, (self._ptrs, self._state, self._live_hist, self._stamps,
                                      np.int32(n_run), np.int32(width),
                                      np.int32(want_features), out)))
         with self._dev, self._stream:
-            if upper * 4 <= SINGLE_COPY_BYTES:
-                data = out[:upper].get(stream=self._stream, out=host[:upper])
-            else:  # the head first, then exactly the survivors (pageable: any size)
-                out[:head].get(stream=self._stream, out=host[:head])
-                data = out[:head + int(host[0]) * per_row].get(stream=self._stream)
+            data = self._results.read(self._stream, upper, head, per_row)
         state, live, stamps, pos, features = unpack_results(data, n_run, width, want_features,
                                                             ordered=not self._merging)
         self._compactions = int(state[ST_COMPACTIONS])
@@ -497,26 +448,12 @@ class CudaBackend:
         self._track_peak()
         return BatchResult(pos, live, layer_seconds, features)
 
-    def _results_buffers(self, words: int, host_words: int):
-        """The device array ``gather_results`` fills (``words`` long) and a pinned
-        host buffer (``host_words``) for its copy; grown, never shrunk, as graphs
-        keep the device address."""
-        cp = self._cp
-        if self._results is None or self._results.size < words:
-            with self._dev:
-                self._results = cp.empty(words, dtype=np.int32)
-            self._track_peak()
-        if self._results_host is None or self._results_host.size < host_words:
-            import cupyx
-
-            self._results_host = cupyx.empty_pinned(max(host_words, 4096), dtype=np.int32)
-        return self._results, self._results_host
-
     def release_buffers(self) -> None:
         """Give the feature buffers and the packed results back to the device (the
         layouts stay); graphs read the buffers from the pointer table, so they stay
         valid, and the next batch allocates again."""
-        self._buf = self._pos = self._masks = self._tile_base = self._results = None
+        self._buf = self._pos = self._masks = self._tile_base = None
+        self._results.release()
         self._b = self._p = None
         self._cap_tiles = 0
         self._inputs = None
@@ -549,6 +486,6 @@ class CudaBackend:
             "variant": self.variant,
             "peak_device_bytes": self._peak,
             "compactions_last_batch": getattr(self, "_compactions", None),
-            "graphs": self._graph_note,
+            "graphs": self._graph_cache.note,
             **self._info,
         }
