@@ -1,13 +1,14 @@
-"""The first layer's push form on the CUDA backend (``cuda/spdnn_push.cu``).
+"""The push forms of layers on the CUDA backend (``cuda/spdnn_push.cu``).
 
-Pulling, every output of layer 1 gathers all of its inputs from dense tiles,
-zeros included; pushing, each nonzero input adds its weights to the outputs
-it feeds, straight from the sparse input rows. On real inputs (a digit's
-pixels are about 19 % nonzero) that skips most of the work. The sums are the
-pulling kernels' bit for bit only where each output's inputs are added in
-the same order and the skipped terms add nothing; this module says where
-that holds, decides per batch, and builds the layout. Host logic only, so it
-is tested without a GPU.
+Pulling, every output gathers all of its inputs from dense tiles, zeros
+included; pushing, each nonzero input adds its weights to the outputs it
+feeds: the first layer straight from the sparse input rows (a digit's pixels
+are about 19 % nonzero), a later one from the tiles (its ReLU zeros). The
+sums are the pulling kernels' bit for bit only where each output's inputs
+are added in the same order and the skipped terms add nothing; this module
+says where that holds, decides per batch, and builds the layout. Host logic
+only, so it is tested without a GPU. Off by default (``SPDNN_PUSH``): the
+first form measured slower than pulling (docs/performance.md, "Session 18").
 """
 
 from __future__ import annotations
