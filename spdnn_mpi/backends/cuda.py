@@ -170,13 +170,13 @@ class CudaBackend:
             self._push = None
             if layers and cuda_push.may_push(mode, layers[0]):
                 self._push = launcher.push_entry(layers[0], smem_limit)
-                layout_bytes += sum(int(a.nbytes) for a in self._push["keep"])
             if self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"] > 0:
                 for layer, entry in zip(layers[1:], self._layers[1:]):
                     if cuda_push.may_push(mode, layer):
                         entry["push"] = launcher.push_entry(layer, smem_limit, dense=True)
-                        if entry["push"] is not None:
-                            layout_bytes += sum(int(a.nbytes) for a in entry["push"]["keep"])
+            for form in (self._push, *(e.get("push") for e in self._layers)):
+                if form is not None:
+                    layout_bytes += sum(int(a.nbytes) for a in form["keep"])
             self._stream.synchronize()
         self.width = width
         self._n_layers = len(layers)
