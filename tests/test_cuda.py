@@ -831,6 +831,7 @@ class _FakeDeviceArray:
 def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, rows, width):
     """Small batches: one copy into the reused pinned buffer; large ones: the head,
     then exactly the survivors. The device array is reused while large enough."""
+    import contextlib
     import sys
     import types
 
@@ -844,7 +845,7 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
             return _FakeDeviceArray(np.zeros(words, dtype=dtype), copies)
 
     monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=np.zeros))
-    packed = rb.PackedResults(FakeCp())
+    packed = rb.PackedResults(FakeCp(), contextlib.nullcontext())
     head, per_row, alive = rb.results_head(3), 1 + width, rows // 2
     upper = head + rows * per_row
     out = packed.ensure(upper)

@@ -111,7 +111,7 @@ class CudaBackend:
         self._batch_live: list[int] = []
         self._held = 0  # > 0: at most this many rows (one tile) held since a merge
         self._merging = False  # merges ran: graphs are captured in both forms
-        self._results = PackedResults(cp)  # gather_results' array and its host copy
+        self._results = PackedResults(cp, self._dev)  # gather_results' array, its host copy
         self._push = None  # the first layer's push form (cuda_push), where it is exact
         self._push_batch = None  # this batch pushes layer 1: the inputs' index type
         self._push_dense = False  # this batch pushes later layers that have a push form
@@ -430,8 +430,7 @@ class CudaBackend:
         head = results_head(n_run)
         per_row = 1 + (width if want_features else 0)
         upper = head + self._loaded_rows * per_row
-        with self._dev:
-            out = self._results.ensure(upper)
+        out = self._results.ensure(upper)
         blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
         self._flush(gather=(blocks, (self._ptrs, self._state, self._live_hist, self._stamps,
                                      np.int32(n_run), np.int32(width),

@@ -58,15 +58,17 @@ class PackedResults:
     allocations.
     """
 
-    def __init__(self, cp: Any) -> None:
+    def __init__(self, cp: Any, device: Any) -> None:
         self._cp = cp
+        self._device = device  # a CuPy Device (context manager): where to allocate
         self.device = None
         self._host = None
 
     def ensure(self, words: int) -> Any:
         """The device array, at least ``words`` long (a new one changes its address)."""
         if self.device is None or self.device.size < words:
-            self.device = self._cp.empty(words, dtype=np.int32)
+            with self._device:
+                self.device = self._cp.empty(words, dtype=np.int32)
         host_words = min(words, SINGLE_COPY_BYTES // 4)
         if self._host is None or self._host.size < host_words:
             import cupyx
