@@ -37,6 +37,17 @@ static_assert(32 % PUSH_ROWS == 0, "a unit's rows must divide a 32-row tile");
 #define SPDNN_PUSH_AHEAD 8  // inputs whose entries are loaded at once
 #endif
 
+// One term of output j's sum: x times the weight (values) or x (uniform: the
+// scale comes in the epilogue), as the CSR kernels add it.
+template <bool VALS>
+__device__ __forceinline__ void push_add(float* acc, int j, float wv, float x) {
+  if constexpr (VALS) {
+    acc[j] = fmaf(wv, x, acc[j]);
+  } else {
+    acc[j] += x;
+  }
+}
+
 // Up to 32 inputs, lane q holding input q's value x and its entries e0..e1
 // (q < n, ascending k), pushed into one row's sums of a chunk in that order.
 // The entries of SPDNN_PUSH_AHEAD inputs (two per lane: the first 64 of an
@@ -72,22 +83,10 @@ __device__ __forceinline__ void push_inputs(float* acc, float x, int e0, int e1,
         const int b = __shfl_sync(0xffffffffu, e0, q), e = __shfl_sync(0xffffffffu, e1, q);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int jj = j[d][h];
-          if (jj >= 0) {  // each output once per input: no two lanes meet
-            if constexpr (VALS) {
-              acc[jj] = fmaf(wv[d][h], xq, acc[jj]);
-            } else {
-              acc[jj] += xq;
-            }
-          }
+          if (j[d][h] >= 0) push_add<VALS>(acc, j[d][h], wv[d][h], xq);  // lanes never meet
         }
         for (int p = b + 64 + lane; p < e; p += 32) {  // inputs with more than 64 entries
-          const int jt = __ldg(outs + p);
-          if constexpr (VALS) {
-            acc[jt] = fmaf(__ldg(w + p), xq, acc[jt]);
-          } else {
-            acc[jt] += xq;
-          }
+          push_add<VALS>(acc, __ldg(outs + p), VALS ? __ldg(w + p) : 1.0f, xq);
         }
 #if SPDNN_PUSH_SYNC
         __syncwarp();  // the next input's adds see this one's

@@ -159,9 +159,7 @@ class Launcher:
             one = self.kernel(push_kernel(layer, dense=True), smem)
             kerns = {"u16": one, "int": one}
         else:
-            name = push_kernel(layer)
-            kerns = {"u16": self.kernel(name, smem),
-                     "int": self.kernel(name.replace(",u16>", ",int>"), smem)}
+            kerns = {it: self.kernel(push_kernel(layer, itype=it), smem) for it in ("u16", "int")}
         grid = self.sms * self.blocks_per_sm(kerns["u16"], threads, smem)
         keep = [self.cp.asarray(a) for a in (layout.ptr, layout.outs, layout.weights)]
         return {"kerns": kerns, "grid": grid, "threads": threads, "smem": smem, "keep": keep,

@@ -105,8 +105,8 @@ def push_layout(layer: Layer, chunk: int) -> PushLayout:
                       (out[order] - c[order] * chunk).astype(np.uint16), weights)
 
 
-def push_kernel(layer: Layer, dense: bool = False) -> str:
-    """NVRTC name of the push kernel for ``layer``: from the input rows (16-bit
-    indices; the 32-bit form ends ``,int>``) or, ``dense``, from the tiles."""
+def push_kernel(layer: Layer, dense: bool = False, itype: str = "u16") -> str:
+    """NVRTC name of the push kernel for ``layer``: from the input rows, whose
+    indices are ``itype`` (u16 or int), or, ``dense``, from the tiles."""
     vals = "true" if layer.values is not None else "false"
-    return f"layer_push_dense<{vals}>" if dense else f"layer_push<{vals},u16>"
+    return f"layer_push_dense<{vals}>" if dense else f"layer_push<{vals},{itype}>"

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-PEERS = ("graphblas", "cusparse", "torch", "onnxruntime", "torch-dense")
+#: Peers that run the challenge networks; the others run imported models only.
+CHALLENGE_PEERS = ("graphblas", "cusparse", "torch")
+PEERS = (*CHALLENGE_PEERS, "onnxruntime", "torch-dense")
 
 EXAMPLES = """\
 examples:
@@ -319,10 +321,10 @@ def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_na
     peer_cap = args.peer_max[0] * args.peer_max[1] if args.peer_max else None
     base = modes.get("off") or modes["auto"]  # peers compute every live row, like off
     peer_ids: dict[str, np.ndarray] = {}
-    if any(p not in ("onnxruntime", "torch-dense") for p in args.peer):
+    if any(p in CHALLENGE_PEERS for p in args.peer):
         backend.release_buffers()  # the peer's memory: 31 GB at 60000 x 65536 on a GPU
     for peer in args.peer:
-        if peer in ("onnxruntime", "torch-dense"):
+        if peer not in CHALLENGE_PEERS:
             row["peers"][peer] = {"skipped": "a peer for imported models only"}
             continue
         if peer_cap is not None and n * n_layers > peer_cap:
