@@ -36,6 +36,9 @@ static_assert(32 % PUSH_ROWS == 0, "a unit's rows must divide a 32-row tile");
 #ifndef SPDNN_PUSH_AHEAD
 #define SPDNN_PUSH_AHEAD 8  // inputs whose entries are loaded at once
 #endif
+#ifndef SPDNN_PUSH_PER_LANE
+#define SPDNN_PUSH_PER_LANE 2  // entries of an input a lane loads with them (32 each)
+#endif
 
 // One term of output j's sum: x times the weight (values) or x (uniform: the
 // scale comes in the epilogue), as the CSR kernels add it.
@@ -50,25 +53,25 @@ __device__ __forceinline__ void push_add(float* acc, int j, float wv, float x) {
 
 // Up to 32 inputs, lane q holding input q's value x and its entries e0..e1
 // (q < n, ascending k), pushed into one row's sums of a chunk in that order.
-// The entries of SPDNN_PUSH_AHEAD inputs (two per lane: the first 64 of an
-// input) are loaded at once, then added input by input from registers, so a
+// The entries of SPDNN_PUSH_AHEAD inputs (SPDNN_PUSH_PER_LANE per lane: the
+// first 32 x that many of an input) are loaded at once, then added input by input from registers, so a
 // memory latency is paid once per SPDNN_PUSH_AHEAD inputs, not per input;
 // longer inputs add the rest in a loop of their own.
 template <bool VALS>
 __device__ __forceinline__ void push_inputs(float* acc, float x, int e0, int e1, int n,
                                             const u16* __restrict__ outs,
                                             const float* __restrict__ w) {
-  constexpr int D = SPDNN_PUSH_AHEAD;
+  constexpr int D = SPDNN_PUSH_AHEAD, H = SPDNN_PUSH_PER_LANE;
   const int lane = threadIdx.x & 31;
   for (int q0 = 0; q0 < n; q0 += D) {
-    int j[D][2];
-    float wv[D][2];
+    int j[D][H];
+    float wv[D][H];
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       const int q = min(q0 + d, 31);
       const int b = __shfl_sync(0xffffffffu, e0, q), e = __shfl_sync(0xffffffffu, e1, q);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < H; ++h) {
         const int p = b + 32 * h + lane;
         const bool has = q0 + d < n && p < e;
         j[d][h] = has ? (int)__ldg(outs + p) : -1;
@@ -82,10 +85,10 @@ __device__ __forceinline__ void push_inputs(float* acc, float x, int e0, int e1,
         const float xq = __shfl_sync(0xffffffffu, x, q);
         const int b = __shfl_sync(0xffffffffu, e0, q), e = __shfl_sync(0xffffffffu, e1, q);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < H; ++h) {
           if (j[d][h] >= 0) push_add<VALS>(acc, j[d][h], wv[d][h], xq);  // lanes never meet
         }
-        for (int p = b + 64 + lane; p < e; p += 32) {  // inputs with more than 64 entries
+        for (int p = b + 32 * H + lane; p < e; p += 32) {  // inputs with more entries
           push_add<VALS>(acc, __ldg(outs + p), VALS ? __ldg(w + p) : 1.0f, xq);
         }
 #if SPDNN_PUSH_SYNC

@@ -55,6 +55,7 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_PUSH_THREADS": 256,
     "SPDNN_PUSH_MIN_BLOCKS": 4,
     "SPDNN_PUSH_AHEAD": 8,
+    "SPDNN_PUSH_PER_LANE": 2,
     # later layers with values pushed from the tiles (their ReLU zeros skipped) in
     # batches of at most this many rows (0: never)
     "SPDNN_PUSH_DENSE_MAX_ROWS": 0,
