@@ -268,17 +268,23 @@ __device__ __forceinline__ Csr4Chunk csr4_chunk(const uint4* __restrict__ ip,
   return k;
 }
 
-template <bool SMEM, bool VALS>
-__device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int left,
-                                         const float* xq) {
+// The 8 gathers of a chunk (entries past the degree read input 0, not added).
+template <bool SMEM>
+__device__ __forceinline__ void csr4_gather(float4 (&x)[8], const Csr4Chunk& k,
+                                            const float* xq) {
   const u32 w[4] = {k.idx.x, k.idx.y, k.idx.z, k.idx.w};
-  const float v[8] = {k.v0.x, k.v0.y, k.v0.z, k.v0.w, k.v1.x, k.v1.y, k.v1.z, k.v1.w};
-  float4 x[8];
 #pragma unroll
   for (int p = 0; p < 8; ++p) {
     const u32 i = (p & 1) ? (w[p / 2] >> 16) : (w[p / 2] & 0xffffu);
     x[p] = load_rows4<SMEM>(xq + i * 32);
   }
+}
+
+// The chunk's terms added in order (the first ``left`` entries are real).
+template <bool VALS>
+__device__ __forceinline__ void csr4_fma(float4& acc, const Csr4Chunk& k, int left,
+                                         const float4 (&x)[8]) {
+  const float v[8] = {k.v0.x, k.v0.y, k.v0.z, k.v0.w, k.v1.x, k.v1.y, k.v1.z, k.v1.w};
 #pragma unroll
   for (int p = 0; p < 8; ++p) {
     if (p < left) {
@@ -295,9 +301,60 @@ __device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int le
 }
 
 template <bool SMEM, bool VALS>
+__device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int left,
+                                         const float* xq) {
+  float4 x[8];
+  csr4_gather<SMEM>(x, k, xq);
+  csr4_fma<VALS>(acc, k, left, x);
+}
+
+// SPDNN_CSR4_GROUP G > 1 (the L1/L2 form only): the gathers of G chunks are
+// issued before the first of their adds, and the next G chunks' indices and
+// values are loaded meanwhile, so an output of 8 G entries waits one gather
+// latency, not G. For the narrow head layers of small batches, whose few warps
+// each wait for every chunk's gathers from L2 in turn.
+#ifndef SPDNN_CSR4_GROUP
+#define SPDNN_CSR4_GROUP 1
+#endif
+
+template <bool VALS, int G>
+__device__ __forceinline__ float4 csr_rows4_grouped(const uint4* __restrict__ ip,
+                                                    const float4* __restrict__ vp, int deg,
+                                                    const float* xq) {
+  const int n = (deg + 7) / 8;  // chunks
+  Csr4Chunk ring[G];
+#pragma unroll
+  for (int q = 0; q < G; ++q) {
+    if (q < n) ring[q] = csr4_chunk<VALS>(ip, vp, q);
+  }
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int c0 = 0; c0 < n; c0 += G) {
+    float4 x[G][8];
+    Csr4Chunk k[G];
+#pragma unroll
+    for (int q = 0; q < G; ++q) {
+      k[q] = ring[q];
+      if (c0 + q < n) csr4_gather<false>(x[q], k[q], xq);
+    }
+#pragma unroll
+    for (int q = 0; q < G; ++q) {
+      if (c0 + G + q < n) ring[q] = csr4_chunk<VALS>(ip, vp, c0 + G + q);
+    }
+#pragma unroll
+    for (int q = 0; q < G; ++q) {
+      if (c0 + q < n) csr4_fma<VALS>(acc, k[q], deg - 8 * (c0 + q), x[q]);
+    }
+  }
+  return acc;
+}
+
+template <bool SMEM, bool VALS>
 __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
                                             const float4* __restrict__ vp, int deg,
                                             const float* xq) {
+  if constexpr (!SMEM && SPDNN_CSR4_GROUP > 1) {
+    return csr_rows4_grouped<VALS, SPDNN_CSR4_GROUP>(ip, vp, deg, xq);
+  }
   constexpr int AHEAD = SMEM ? 1 : SPDNN_CSR4_AHEAD;
   const int n = (deg + 7) / 8;  // chunks
   Csr4Chunk ring[AHEAD];

@@ -38,6 +38,7 @@ trap 'rm -rf "$work"' EXIT
   done
 } > "$work/instances.cu"
 status=0
+knobs="-DSPDNN_GSUM_COALESCE=0 -DSPDNN_CSR4_GROUP=4 -DSPDNN_CSR4_PREFETCH=1 -DSPDNN_PUSH_PER_LANE=4"
 for arch in sm_80 sm_90; do
   for src in "$root"/cuda/*.cu "$work/instances.cu"; do
     if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \
@@ -49,10 +50,10 @@ for arch in sm_80 sm_90; do
   done
   # the knob-selected forms the defaults leave out
   if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \
-      -DSPDNN_GSUM_COALESCE=0 -c "$work/instances.cu" -o "$work/out.o" 2>"$work/log"; then
-    echo "ok   $arch instances.cu (SPDNN_GSUM_COALESCE=0)"
+      $knobs -c "$work/instances.cu" -o "$work/out.o" 2>"$work/log"; then
+    echo "ok   $arch instances.cu ($knobs)"
   else
-    echo "FAIL $arch instances.cu (SPDNN_GSUM_COALESCE=0)"; cat "$work/log"; status=1
+    echo "FAIL $arch instances.cu ($knobs)"; cat "$work/log"; status=1
   fi
 done
 exit $status

@@ -65,12 +65,32 @@ def main(argv: list[str] | None = None) -> int:
             backend.finish(True)
             direct.append(time.perf_counter() - t0)
         layers = " ".join(f"{x * 1e6:.1f}" for x in np.median(per_layer, axis=0))
+        check = check_against_reference(net, rows, res)
         if args.breakdown:
             print(f"{args.label} {sparsity} % {breakdown(backend, net, rows, args.runs)}")
         print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us"
-              f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}",
+              f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}; {check}",
               flush=True)
     return 0
+
+
+def check_against_reference(net, rows, res) -> str:
+    """The last run against the plain reference: predictions equal, outputs within
+    1e-5 relative, and a digest of the outputs' bits (equal digests across
+    settings: bit-identical sums)."""
+    import hashlib
+
+    from spdnn_mpi.reference import reference_infer
+
+    ids, ref = reference_infer(net, rows)
+    ours = np.ascontiguousarray(res.features, dtype=np.float32)
+    same_ids = np.array_equal(res.alive_ids, ids)
+    err = (np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30)
+           if same_ids and ref.size else float("inf"))
+    same_pred = same_ids and np.array_equal(ours.argmax(axis=1), ref.argmax(axis=1))
+    verdict = "ok" if same_pred and err <= 1e-5 else "FAILED"
+    digest = hashlib.sha1(ours.tobytes()).hexdigest()[:10]
+    return f"check {verdict} (rel err {err:.1e}, bits {digest})"
 
 
 def breakdown(backend, net, rows, runs: int) -> str:

@@ -41,6 +41,8 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_GSUM_COALESCE": 1,
     # index/value chunks the L1/L2 CSR4 kernel loads ahead (the staged one: 1)
     "SPDNN_CSR4_AHEAD": 2,
+    # the L1/L2 CSR4 kernel's chunks whose gathers are issued together (1: one at a time)
+    "SPDNN_CSR4_GROUP": 1,
     # CSR4: ask L1 for the next output's indices and values while summing one (0: off)
     "SPDNN_CSR4_PREFETCH": 0,
     # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
