@@ -158,8 +158,8 @@ def test_push_equals_pull_with_compression(dense):
     """Deep enough for the engine to merge identical rows after the pushed layer."""
     rng = np.random.default_rng(9)
     net = random_network(rng, [128] * 25, 0.1, uniform=True, bias="scalar", clip=32.0)
-    dense = (rng.random((40, 128)) < 0.15).astype(np.float32)
-    rows = SparseRows.from_dense(np.repeat(dense, 16, axis=0))  # rows repeated
+    distinct = (rng.random((40, 128)) < 0.15).astype(np.float32)
+    rows = SparseRows.from_dense(np.repeat(distinct, 16, axis=0))  # rows repeated
     _assert_push_equals_pull(net, rows, compress="auto", dense=dense)
 
 
