@@ -312,9 +312,11 @@ __device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int le
 // issued before the first of their adds, and the next G chunks' indices and
 // values are loaded meanwhile, so an output of 8 G entries waits one gather
 // latency, not G. For the narrow head layers of small batches, whose few warps
-// each wait for every chunk's gathers from L2 in turn.
+// each wait for every chunk's gathers from L2 in turn: the 10-output head of the
+// 90 % MNIST model at 1000 digits took 9.2 against 12.8 us with G = 4 (H100,
+// tools/model_run_probe.py, one call; docs/performance.md, "Session 19").
 #ifndef SPDNN_CSR4_GROUP
-#define SPDNN_CSR4_GROUP 1
+#define SPDNN_CSR4_GROUP 4
 #endif
 
 template <bool VALS, int G>
@@ -377,22 +379,6 @@ __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
   return acc;
 }
 
-// SPDNN_CSR4_PREFETCH 1: while a lane group sums one output, it asks L1 for
-// the indices and values of the output its warp takes next (prefetch.global.L1,
-// no registers held), so that output's chunk loads need not wait for L2.
-#ifndef SPDNN_CSR4_PREFETCH
-#define SPDNN_CSR4_PREFETCH 0
-#endif
-
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
-// The lines of ``bytes`` bytes from p, spread over the 8 lanes of an output group.
-__device__ __forceinline__ void prefetch_lines(const char* p, int bytes) {
-  for (int off = (threadIdx.x & 7) * 128; off < bytes; off += 8 * 128) prefetch_l1(p + off);
-}
-
 // spans[j] = (first entry, degree) of output j in idx/vals (first a multiple of 8).
 #ifndef SPDNN_CSR4_MIN_BLOCKS
 #define SPDNN_CSR4_MIN_BLOCKS 1  // blocks an SM the L1/L2 form is compiled for (register cap)
@@ -410,20 +396,8 @@ __global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREA
   const bool took = rows4_layer<SMEM, 32>(a, nullptr, reinterpret_cast<float*>(xs4),
                         [&](int s, const float* xq) {
                           const int2 sp = __ldg(spans + s);
-                          int2 nx = make_int2(0, 0);
-                          const int s_next = s + (int)(blockDim.x >> 5) * 4;  // 4 outputs a step
-                          if (SPDNN_CSR4_PREFETCH && s_next < a.n_out) nx = __ldg(spans + s_next);
-                          const float4 acc = csr_rows4<SMEM, VALS>(idx4 + sp.x / 8,
-                                                                   vals4 + sp.x / 4, sp.y, xq);
-                          if (SPDNN_CSR4_PREFETCH && nx.y > 0) {
-                            const int bytes = (nx.y + 7) / 8 * 16;  // padded chunks of 8
-                            prefetch_lines(reinterpret_cast<const char*>(idx4 + nx.x / 8), bytes);
-                            if (VALS) {
-                              prefetch_lines(reinterpret_cast<const char*>(vals4 + nx.x / 4),
-                                             2 * bytes);
-                            }
-                          }
-                          return acc;
+                          return csr_rows4<SMEM, VALS>(idx4 + sp.x / 8, vals4 + sp.x / 4, sp.y,
+                                                      xq);
                         });
   finish_layer(a, took);
 }

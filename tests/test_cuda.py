@@ -7,6 +7,7 @@ device is missing (``spdnn_mpi.backends.cuda_available``).
 from __future__ import annotations
 
 import os
+import types
 import zlib
 from pathlib import Path
 
@@ -368,7 +369,7 @@ def test_packed_results_are_read_back_in_position_order(want_features, ascending
     data[:] = -1  # the next batch's copy into the same buffer
     assert np.array_equal(got_state, state) and got_live == [9, 7, 4]
     assert all(type(v) is int for v in got_live)
-    assert np.array_equal(got_stamps, stamps.astype(np.float64))
+    assert got_stamps == stamps.tolist() and all(type(v) is int for v in got_stamps)
     assert got_pos.tolist() == [3, 7, 12, 40] and got_pos.dtype == np.int64
     if want_features:
         assert np.array_equal(got_feats, feats if ascending else feats[[1, 3, 0, 2]])
@@ -807,39 +808,50 @@ def test_layout_build_reports_progress_per_layer():
 
 
 class _FakeDeviceArray:
-    """A NumPy array with CuPy's ``get(stream=, out=)``; records the copies."""
+    """A NumPy array (``values``) with CuPy's ``data.ptr`` and ``get(stream=, out=)``;
+    records the copies."""
 
-    def __init__(self, data, copies):
-        self.data, self.copies = data, copies
+    def __init__(self, values, copies):
+        self.values, self.copies = values, copies
+        self.data = types.SimpleNamespace(ptr=values.ctypes.data)
 
     @property
     def size(self):
-        return self.data.size
+        return self.values.size
 
     def __getitem__(self, key):
-        return _FakeDeviceArray(self.data[key], self.copies)
+        return _FakeDeviceArray(self.values[key], self.copies)
 
     def get(self, stream=None, out=None):
-        self.copies.append(self.data.size)
+        self.copies.append(self.values.size)
         if out is None:
-            return self.data.copy()
-        out[...] = self.data
+            return self.values.copy()
+        out[...] = self.values
         return out
 
 
 @pytest.mark.parametrize("rows, width", [(1000, 10), (300_000, 10)])
 def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, rows, width):
-    """Small batches: one copy into the reused pinned buffer; large ones: the head,
-    then exactly the survivors. The device array is reused while large enough."""
+    """Small batches: one copy, queued behind the gather (capturable), into the reused
+    pinned buffer; large ones: the head, then exactly the survivors. The buffers
+    are reused while large enough, and the graph key names their addresses."""
     import contextlib
+    import ctypes
     import sys
-    import types
 
     from spdnn_mpi.backends import cuda_readback as rb
 
     copies: list[int] = []
 
+    def memcpy_async(dst, src, nbytes, kind, stream):
+        assert kind == "d2h" and stream == 99
+        copies.append(nbytes // 4)
+        ctypes.memmove(dst, src, nbytes)
+
     class FakeCp:
+        cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(
+            memcpyAsync=memcpy_async, memcpyDeviceToHost="d2h"))
+
         @staticmethod
         def empty(words, dtype):
             return _FakeDeviceArray(np.zeros(words, dtype=dtype), copies)
@@ -849,17 +861,22 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     head, per_row, alive = rb.results_head(3), 1 + width, rows // 2
     upper = head + rows * per_row
     out = packed.ensure(upper)
-    assert packed.ensure(upper - 5) is out  # large enough: the same address
-    out.data[0] = alive
-    out.data[head:head + alive * per_row] = 7
-    data = packed.read(None, upper, head, per_row)
-    if upper * 4 <= rb.SINGLE_COPY_BYTES:
+    key = packed.copy_key(upper)
+    assert packed.ensure(upper - 5) is out and packed.allocations == 2  # reused
+    assert packed.copy_key(upper) == key and key[0] == out.data.ptr and key[2] == upper
+    out.values[0] = alive
+    out.values[head:head + alive * per_row] = 7
+    if packed.fits_one_copy(upper):
+        packed.enqueue_copy(types.SimpleNamespace(ptr=99), upper)
+        data = packed.copied(upper)
         assert copies == [upper] and data.size == upper
     else:
+        data = packed.read(None, upper, head, per_row)
         assert copies == [head, head + alive * per_row] and data.size == head + alive * per_row
     assert int(data[0]) == alive and np.all(data[head:head + alive * per_row] == 7)
     packed.release()
     assert packed.device is None
+    assert packed.ensure(upper) is not out and packed.allocations == 3  # the device array
 
 
 class _FakeStream:
@@ -877,22 +894,18 @@ class _FakeStream:
 def test_graph_cache_keys_pieces_by_what_they_launch_and_turns_off_on_failure():
     from spdnn_mpi.backends.cuda_graphs import GraphCache
 
-    class Cp:
-        class ndarray:
-            def __init__(self, ptr):
-                self.data = type("Mem", (), {"ptr": ptr})()
-
-    cache = GraphCache(Cp(), on=True)
+    cache = GraphCache(on=True)
     todo = ((0, True), (1, False))
-    out_a, out_b = Cp.ndarray(1000), Cp.ndarray(2000)
-    gather_a = (4, (np.int32(3), out_a))
-    key_a = cache.key(todo, 0, gather_a, ("u16", False))
-    assert cache.key(todo, 0, (4, (np.int32(3), Cp.ndarray(1000))), ("u16", False)) == key_a
-    for other in (cache.key(todo, 16, gather_a, ("u16", False)),  # rows held
-                  cache.key(todo, 0, (4, (np.int32(3), out_b)), ("u16", False)),  # address
-                  cache.key(todo, 0, (8, (np.int32(3), out_a)), ("u16", False)),  # grid
-                  cache.key(todo, 0, gather_a, (None, False)),  # push form
-                  cache.key(todo[:1], 0, gather_a, ("u16", False))):  # layers
+    tail_a = (4, 3, 10, True, (1000, 5000, 123))  # grid, sizes, (device, host, words)
+    key_a = cache.key(todo, 0, tail_a, ("u16", False))
+    assert cache.key(todo, 0, (4, 3, 10, True, (1000, 5000, 123)), ("u16", False)) == key_a
+    for other in (cache.key(todo, 16, tail_a, ("u16", False)),  # rows held
+                  cache.key(todo, 0, (4, 3, 10, True, (2000, 5000, 123)), ("u16", False)),
+                  cache.key(todo, 0, (4, 3, 10, True, (1000, 5000, 0)), ("u16", False)),
+                  cache.key(todo, 0, (8, 3, 10, True, (1000, 5000, 123)), ("u16", False)),
+                  cache.key(todo, 0, None, ("u16", False)),  # no gather
+                  cache.key(todo, 0, tail_a, (None, False)),  # push form
+                  cache.key(todo[:1], 0, tail_a, ("u16", False))):  # layers
         assert other != key_a
     stream, launched = _FakeStream(), []
     graph = cache.capture(stream, key_a, lambda: launched.append("piece"))
@@ -932,19 +945,26 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
 
     backend = object.__new__(CudaBackend)
     backend._dev, backend._stream = contextlib.nullcontext(), Stream()
-    backend._graph_cache = GraphCache(np, on=True)
+    backend._graph_cache = GraphCache(on=True)
     backend._held, backend._merging = 0, False
     backend._push_batch, backend._push_dense = None, False
     backend._launch = lambda k, drop, held: log.append(f"layer{k}")
     backend._gather = lambda grid, threads, args: log.append("gather")
-    gather = (4, (np.int32(3),))
-    for expected in (["begin", "layer0", "layer1", "gather", "end", "graph"], ["graph"]):
+    backend._results = type("Results", (), {
+        "enqueue_copy": staticmethod(lambda stream, words: log.append(f"copy{words}"))})()
+    gather = (4, (np.int32(3),), (4, 3, (1, 2, 77)), 77)
+    for expected in (["begin", "layer0", "layer1", "gather", "copy77", "end", "graph"],
+                     ["graph"]):
         log.clear()
         backend._pending = [(0, True), (1, False)]
         backend._flush(gather=gather)
         assert log == expected
+    log.clear()  # another copy size is another graph
+    backend._pending = [(0, True), (1, False)]
+    backend._flush(gather=(4, (np.int32(3),), (4, 3, (1, 2, 0)), 0))
+    assert log == ["begin", "layer0", "layer1", "gather", "end", "graph"]
     backend._graph_cache.on = False
     log.clear()
     backend._pending = [(0, True)]
     backend._flush(gather=gather)
-    assert log == ["layer0", "gather"]
+    assert log == ["layer0", "gather", "copy77"]

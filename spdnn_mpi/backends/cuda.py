@@ -104,7 +104,7 @@ class CudaBackend:
         self.width = 0
         self._layers_run = 0
         self._cap_tiles = 0
-        self._graph_cache = GraphCache(cp, graphs)
+        self._graph_cache = GraphCache(graphs)
         self._pending: list[tuple[int, bool]] = []
         self._peak = 0
         self._info: dict = {}
@@ -337,17 +337,20 @@ class CudaBackend:
     def _flush(self, gather: tuple | None = None) -> None:
         """Launch the queued layers: a cached graph when possible, else one by one.
 
-        ``gather``: (grid, args) of a ``gather_results`` launch to end the piece
-        with (``finish``), captured into the same graph: one launch, not two.
+        ``gather``: (grid, args, tail, copy words) of a ``gather_results`` launch
+        to end the piece with (``finish``), and of the copy of its results to the
+        host when that is one piece, captured into the same graph: one launch,
+        and the host then only waits. ``tail`` says what the gather and the copy
+        depend on beyond the arrays made with the network (the graph key).
         """
         if not self._pending and gather is None:
             return
         todo, self._pending = tuple(self._pending), []
-        with self._dev, self._stream:
-            graph = None
-            if todo and self._graph_cache.on:
-                graph = self._graph_cache.get(self._piece_key(todo, self._held, gather))
-                if graph is None:
+        cache = self._graph_cache
+        if todo and cache.on:
+            graph = cache.get(self._piece_key(todo, self._held, gather))
+            if graph is None:
+                with self._dev, self._stream:
                     graph = self._capture(todo, self._held, gather)
                     # every form at once while merging: a warm-up that ends with another
                     # number of rows than the timed run then leaves nothing to capture there
@@ -355,19 +358,24 @@ class CudaBackend:
                         if held != self._held:
                             self._capture(todo, held, gather)
             if graph is not None:
-                graph.launch(stream=self._stream)
-            else:
-                self._run_piece(todo, self._held, gather)
+                with self._dev:  # the stream is named: no current-stream switch
+                    graph.launch(stream=self._stream)
+                return
+        with self._dev, self._stream:
+            self._run_piece(todo, self._held, gather)
 
     def _piece_key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
-        return self._graph_cache.key(todo, held, gather, (self._push_batch, self._push_dense))
+        return self._graph_cache.key(todo, held, None if gather is None else gather[2],
+                                     (self._push_batch, self._push_dense))
 
     def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
-        """Enqueue the layers of ``todo`` (and the gather) on the stream."""
+        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream."""
         for k, drop in todo:
             self._launch(k, drop, held)
         if gather is not None:
             self._gather((gather[0],), (256,), gather[1])
+            if gather[3]:
+                self._results.enqueue_copy(self._stream, gather[3])
 
     def _capture(self, todo: tuple, held: int, gather: tuple | None = None):
         """The graph of ``todo`` (then ``gather``) with ``held`` rows, captured now."""
@@ -430,21 +438,31 @@ class CudaBackend:
         head = results_head(n_run)
         per_row = 1 + (width if want_features else 0)
         upper = head + self._loaded_rows * per_row
-        out = self._results.ensure(upper)
+        results = self._results
+        allocations = results.allocations
+        out = results.ensure(upper)
         blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
+        copy = upper if results.fits_one_copy(upper) else 0
+        # the graph key: the other arrays of the gather were made with the network
+        tail = (blocks, n_run, width, want_features, results.copy_key(copy))
         self._flush(gather=(blocks, (self._ptrs, self._state, self._live_hist, self._stamps,
                                      np.int32(n_run), np.int32(width),
-                                     np.int32(want_features), out)))
-        with self._dev, self._stream:
-            data = self._results.read(self._stream, upper, head, per_row)
+                                     np.int32(want_features), out), tail, copy))
+        if copy:
+            self._stream.synchronize()
+            data = results.copied(upper)
+        else:
+            with self._dev, self._stream:
+                data = results.read(self._stream, upper, head, per_row)
         state, live, stamps, pos, features = unpack_results(data, n_run, width, want_features,
                                                             ordered=not self._merging)
         self._compactions = int(state[ST_COMPACTIONS])
         layer_seconds = None
-        if n_run and np.count_nonzero(stamps) == stamps.size:
-            layer_seconds = (np.diff(stamps) * 1e-9).tolist()
+        if n_run and 0 not in stamps:
+            layer_seconds = [(b - a) * 1e-9 for a, b in zip(stamps, stamps[1:])]
         self._inputs = None
-        self._track_peak()
+        if results.allocations != allocations:
+            self._track_peak()
         return BatchResult(pos, live, layer_seconds, features)
 
     def release_buffers(self) -> None:

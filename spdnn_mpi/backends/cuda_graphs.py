@@ -5,7 +5,8 @@ the rows held, the gather that may end it, and the batch's push forms) is
 captured once and then launched as one graph: one launch a piece instead of
 one or two a layer. Kernels take their buffers from the device pointer
 table, so a graph outlives the reallocation of the buffers; only the
-gather's output array is an argument, and its address is part of the key.
+gather's output array and the host buffer of its copy are not, and their
+addresses are part of the key.
 Host logic only: tested with fake streams on any machine.
 """
 
@@ -22,8 +23,7 @@ MAX_GRAPHS = 4096
 class GraphCache:
     """Graphs by key; a capture that fails turns graphs off and keeps the reason."""
 
-    def __init__(self, cp: Any, on: bool = True) -> None:
-        self._cp = cp
+    def __init__(self, on: bool = True) -> None:
         self.on = on
         self.note = "on" if on else "off"
         self._graphs: dict[tuple, Any] = {}
@@ -32,14 +32,10 @@ class GraphCache:
         """Forget every graph (a new network)."""
         self._graphs = {}
 
-    def key(self, todo: tuple, held: int, gather: tuple | None, forms: Hashable) -> tuple:
-        """What identifies a piece: layers, rows held, its gather launch (grid and
-        arguments, arrays by address) and the batch's kernel forms."""
-        tail = None
-        if gather is not None:
-            nd = self._cp.ndarray
-            tail = gather[0], tuple(a.data.ptr if isinstance(a, nd) else int(a)
-                                    for a in gather[1])
+    def key(self, todo: tuple, held: int, tail: Hashable, forms: Hashable) -> tuple:
+        """What identifies a piece: layers, rows held, what its gather (and copy)
+        depend on (``tail``: grid, sizes, addresses; None without a gather) and
+        the batch's kernel forms."""
         return todo, held, tail, forms
 
     def get(self, key: tuple) -> Any | None:

@@ -28,7 +28,8 @@ def results_head(n_run: int) -> int:
 def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool,
                    ordered: bool = False) -> tuple:
     """(state, live counts, stamps, positions, features) from ``gather_results``'
-    int32 array, positions ascending and features in their order. ``ordered``:
+    int32 array, positions ascending and features in their order; live counts and
+    stamps (ns) as lists of ints. ``ordered``:
     the caller knows they ascend already (no merge ran: compaction keeps the
     order), so they are not checked; at 1000 rows the check is a few us of the
     small batch's timed host work.
@@ -37,25 +38,33 @@ def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool
     """
     head = results_head(n_run)
     n_alive = int(data[0])
-    state = data[1:1 + ST_SIZE].copy()
-    live = data[1 + ST_SIZE:1 + ST_SIZE + n_run].tolist()
-    stamps = np.ascontiguousarray(data[1 + ST_SIZE + n_run:head]).view(np.uint64)
-    pos = data[head:head + n_alive]
-    in_order = ordered or n_alive < 2 or not np.count_nonzero(pos[1:] <= pos[:-1])
-    order = slice(None) if in_order else np.argsort(pos, kind="stable")
+    first = 1 + ST_SIZE
+    state = data[1:first].copy()
+    live = data[first:first + n_run].tolist()
+    stamps = data[first + n_run:head].copy().view(np.uint64).tolist()  # exact ns (ints)
+    pos = data[head:head + n_alive].astype(np.int64)
     features = None
     if want_features:
         flat = data[head + n_alive:head + n_alive * (1 + width)]
-        features = np.array(flat.view(np.float32).reshape(n_alive, width)[order])
-    return state, live, stamps.astype(np.float64), pos[order].astype(np.int64), features
+        features = flat.view(np.float32).reshape(n_alive, width)
+    if ordered or n_alive < 2 or not np.count_nonzero(pos[1:] <= pos[:-1]):
+        features = None if features is None else features.copy()
+    else:
+        order = np.argsort(pos, kind="stable")
+        pos = pos[order]
+        features = None if features is None else features[order]
+    return state, live, stamps, pos, features
 
 
 class PackedResults:
     """The device array ``gather_results`` fills and its pinned host copy.
 
     Both are reused from batch to batch and grown, never shrunk: a captured
-    graph keeps the device address, and small batches should not pay for
-    allocations.
+    graph keeps both addresses, and small batches should not pay for
+    allocations. Up to ``SINGLE_COPY_BYTES`` the copy is enqueued behind the
+    gather (``enqueue_copy``, captured into the same graph), so the host only
+    waits for the stream and reads ``copied``; larger results are read in two
+    steps (``read``).
     """
 
     def __init__(self, cp: Any, device: Any) -> None:
@@ -63,25 +72,52 @@ class PackedResults:
         self._device = device  # a CuPy Device (context manager): where to allocate
         self.device = None
         self._host = None
+        self._device_ptr = self._host_ptr = 0  # their addresses (read once: ctypes is slow)
+        self.allocations = 0  # device or host buffers allocated so far
 
     def ensure(self, words: int) -> Any:
         """The device array, at least ``words`` long (a new one changes its address)."""
         if self.device is None or self.device.size < words:
             with self._device:
                 self.device = self._cp.empty(words, dtype=np.int32)
+            self._device_ptr = self.device.data.ptr
+            self.allocations += 1
         host_words = min(words, SINGLE_COPY_BYTES // 4)
         if self._host is None or self._host.size < host_words:
             import cupyx
 
             self._host = cupyx.empty_pinned(max(host_words, 4096), dtype=np.int32)
+            self._host_ptr = self._host.ctypes.data
+            self.allocations += 1
         return self.device
+
+    @staticmethod
+    def fits_one_copy(words: int) -> bool:
+        """Whether ``words`` of results are copied in one piece behind the gather."""
+        return words * 4 <= SINGLE_COPY_BYTES
+
+    def copy_key(self, words: int) -> tuple[int, int, int]:
+        """What a graph that ends with ``enqueue_copy(words)`` depends on: both
+        addresses and the size (after ``ensure``)."""
+        return self._device_ptr, self._host_ptr, words
+
+    def enqueue_copy(self, stream: Any, words: int) -> None:
+        """Queue the copy of the first ``words`` results to the pinned host buffer
+        on ``stream`` (capturable: no wait)."""
+        runtime = self._cp.cuda.runtime
+        runtime.memcpyAsync(self._host_ptr, self._device_ptr, words * 4,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+
+    def copied(self, words: int) -> np.ndarray:
+        """The first ``words`` results in the host buffer (the stream has been waited for)."""
+        return self._host[:words]
 
     def read(self, stream: Any, upper: int, head: int, per_row: int) -> np.ndarray:
         """Copy the results to the host and wait: in one piece into the pinned
         buffer up to ``SINGLE_COPY_BYTES``; else the head first, then exactly
         the survivors (``per_row`` words each) into pageable memory."""
         out, host = self.device, self._host
-        if upper * 4 <= SINGLE_COPY_BYTES:
+        if self.fits_one_copy(upper):
             return out[:upper].get(stream=stream, out=host[:upper])
         out[:head].get(stream=stream, out=host[:head])
         return out[:head + int(host[0]) * per_row].get(stream=stream)
@@ -89,3 +125,4 @@ class PackedResults:
     def release(self) -> None:
         """Give the device array back (the next ``ensure`` allocates again)."""
         self.device = None
+        self._device_ptr = 0
