@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.breakdown:
             print(f"{args.label} {sparsity} % {breakdown(backend, net, rows, args.runs)}")
         print(f"{args.label} {sparsity} % engine total {us(total)} us; stamps {us(stamps)} us"
-              f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}; {check}",
+              f" ({layers}); layers+finish direct {us(direct)} us; rows {rows.n_rows}; {check};"
+              f" graphs {backend.describe()['graphs']}",
               flush=True)
     return 0
 
