@@ -49,10 +49,10 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_CSR4_MIN_BLOCKS": 1,
     # the first layer pushed from sparse input rows (cuda_push: 0 never, 1 layers with
     # values when a batch's inputs are at most SPDNN_PUSH_MAX_DENSITY_PCT % nonzero,
-    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row. Off: its
-    # first form took 149 against 64 us for layer 1 of the 90 % MNIST model at 1000
-    # digits (H100, tools/model_run_probe.py, docs/performance.md "Session 18"); the
-    # second form is unmeasured
+    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row. Off: both
+    # forms took about twice the pulling kernel's time for layer 1 of the 90 % MNIST
+    # model at 1000 digits (H100, tools/model_run_probe.py; docs/performance.md,
+    # "Session 18" and "Session 19")
     "SPDNN_PUSH": 0,
     "SPDNN_PUSH_MAX_DENSITY_PCT": 50,
     "SPDNN_PUSH_CHUNK": 256,
