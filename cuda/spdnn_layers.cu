@@ -308,6 +308,17 @@ __device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int le
   csr4_fma<VALS>(acc, k, left, x);
 }
 
+// The first N of an output's n chunks into the ring.
+template <bool VALS, int N>
+__device__ __forceinline__ void csr4_first_chunks(Csr4Chunk (&ring)[N],
+                                                  const uint4* __restrict__ ip,
+                                                  const float4* __restrict__ vp, int n) {
+#pragma unroll
+  for (int q = 0; q < N; ++q) {
+    if (q < n) ring[q] = csr4_chunk<VALS>(ip, vp, q);
+  }
+}
+
 // SPDNN_CSR4_GROUP G > 1 (the L1/L2 form only): the gathers of G chunks are
 // issued before the first of their adds, and the next G chunks' indices and
 // values are loaded meanwhile, so an output of 8 G entries waits one gather
@@ -325,10 +336,7 @@ __device__ __forceinline__ float4 csr_rows4_grouped(const uint4* __restrict__ ip
                                                     const float* xq) {
   const int n = (deg + 7) / 8;  // chunks
   Csr4Chunk ring[G];
-#pragma unroll
-  for (int q = 0; q < G; ++q) {
-    if (q < n) ring[q] = csr4_chunk<VALS>(ip, vp, q);
-  }
+  csr4_first_chunks<VALS>(ring, ip, vp, n);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int c0 = 0; c0 < n; c0 += G) {
     float4 x[G][8];
@@ -360,10 +368,7 @@ __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
   constexpr int AHEAD = SMEM ? 1 : SPDNN_CSR4_AHEAD;
   const int n = (deg + 7) / 8;  // chunks
   Csr4Chunk ring[AHEAD];
-#pragma unroll
-  for (int q = 0; q < AHEAD; ++q) {
-    if (q < n) ring[q] = csr4_chunk<VALS>(ip, vp, q);
-  }
+  csr4_first_chunks<VALS>(ring, ip, vp, n);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int c0 = 0; c0 < n; c0 += AHEAD) {
 #pragma unroll
