@@ -860,18 +860,22 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     packed = rb.PackedResults(FakeCp(), contextlib.nullcontext())
     head, per_row, alive = rb.results_head(3), 1 + width, rows // 2
     upper = head + rows * per_row
-    out = packed.ensure(upper)
+    plan = packed.prepare(3, width, True, rows)
+    out = packed.device
+    assert plan == (head, per_row, upper, upper if packed.fits_one_copy(upper) else 0)
     key = packed.copy_key(upper)
     assert packed.ensure(upper - 5) is out and packed.allocations == 2  # reused
     assert packed.copy_key(upper) == key and key[0] == out.data.ptr and key[2] == upper
     out.values[0] = alive
     out.values[head:head + alive * per_row] = 7
-    if packed.fits_one_copy(upper):
-        packed.enqueue_copy(types.SimpleNamespace(ptr=99), upper)
-        data = packed.copied(upper)
-        assert copies == [upper] and data.size == upper
+    waits: list[str] = []
+    stream = types.SimpleNamespace(ptr=99, synchronize=lambda: waits.append("wait"))
+    if plan.copy:
+        packed.enqueue_copy(stream, plan.copy)  # what the graph ends with
+        data = packed.fetch(stream, plan)
+        assert copies == [upper] and data.size == upper and waits == ["wait"]
     else:
-        data = packed.read(None, upper, head, per_row)
+        data = packed.fetch(stream, plan)
         assert copies == [head, head + alive * per_row] and data.size == head + alive * per_row
     assert int(data[0]) == alive and np.all(data[head:head + alive * per_row] == 7)
     packed.release()
@@ -968,3 +972,19 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
     backend._pending = [(0, True)]
     backend._flush(gather=gather)
     assert log == ["layer0", "gather", "copy77"]
+
+
+def test_blocks_per_sm_is_bound_by_registers_threads_or_shared_memory():
+    """The occupancy the grids are sized by (H100 properties; no GPU needed)."""
+    from spdnn_mpi.backends.cuda_entry import blocks_per_sm
+
+    props = {"regsPerMultiprocessor": 65536, "maxThreadsPerMultiProcessor": 2048,
+             "sharedMemPerMultiprocessor": 233472}
+
+    def kern(regs, static=0):
+        return types.SimpleNamespace(num_regs=regs, shared_size_bytes=static)
+
+    assert blocks_per_sm(props, kern(119, 144), 512, 100 * 1024) == 1  # registers
+    assert blocks_per_sm(props, kern(32), 256, 0) == 8  # threads
+    assert blocks_per_sm(props, kern(32), 128, 60 * 1024) == 3  # shared memory
+    assert blocks_per_sm(props, kern(255), 1024, 0) == 1  # never below one

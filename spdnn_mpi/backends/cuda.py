@@ -14,6 +14,7 @@ a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -27,7 +28,7 @@ from spdnn_mpi.backends.cuda_compile import (  # noqa: F401 (import_cupy: used b
     import_cupy,
     kernel_names,
 )
-from spdnn_mpi.backends.cuda_entry import Launcher
+from spdnn_mpi.backends.cuda_entry import Launcher, blocks_per_sm
 from spdnn_mpi.backends.cuda_graphs import GraphCache
 from spdnn_mpi.backends.cuda_merge import DeviceMerge
 from spdnn_mpi.backends.cuda_readback import (
@@ -36,7 +37,6 @@ from spdnn_mpi.backends.cuda_readback import (
     ST_SIZE,
     ST_TILES,
     PackedResults,
-    results_head,
     unpack_results,
 )
 from spdnn_mpi.compression import RowGroups, fall_rule
@@ -92,7 +92,6 @@ class CudaBackend:
         self._props = props
         self.sms = int(props["multiProcessorCount"])
         self._smem_optin = int(props["sharedMemPerBlockOptin"])
-        self._smem_sm = int(props["sharedMemPerMultiprocessor"])
         self.variant = variant
         self._memory_fraction = memory_fraction
         self._defines = {**DEFAULT_DEFINES, **(defines or {})}
@@ -121,14 +120,6 @@ class CudaBackend:
         pool = self._cp.get_default_memory_pool()
         self._peak = max(self._peak, int(pool.total_bytes()))
 
-    def _blocks_per_sm(self, kern, threads: int, smem: int) -> int:
-        regs = max(1, int(kern.num_regs))
-        static = int(kern.shared_size_bytes)
-        by_regs = int(self._props["regsPerMultiprocessor"]) // (((regs + 7) // 8) * 8 * threads)
-        by_threads = int(self._props["maxThreadsPerMultiProcessor"]) // threads
-        by_smem = self._smem_sm // (smem + static + 1024) if smem + static else by_threads
-        return max(1, min(by_regs, by_threads, by_smem))
-
     # -- network -------------------------------------------------------------
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         """Upload each layer's kernel layout (``progress(layers done)`` after each); compile."""
@@ -154,7 +145,7 @@ class CudaBackend:
         width = 0
         self._layers = []
         launcher = Launcher(cp, self._mod, self._defines, self.sms, self.variant,
-                            self._blocks_per_sm)
+                            functools.partial(blocks_per_sm, self._props))
         with self._dev, self._stream:
             for layer, plan in zip(layers, plans):
                 entry = launcher.layer_entry(layer, plan, smem_limit)
@@ -429,31 +420,22 @@ class CudaBackend:
         """Wait for the batch; read back the survivors' positions (and features).
 
         One kernel packs the counts, timestamps, positions and features into one
-        array, launched in the same graph as the last layers, so the host waits
-        once and copies once, into reused pinned memory (fixed cost matters for
-        small batches); large feature sets are copied at their exact size.
+        array, and its copy into reused pinned memory follows in the same graph
+        as the last layers, so the host launches once and waits once (fixed cost
+        matters for small batches); large results are read in two steps.
         """
         n_run = self._layers_run
         width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
-        head = results_head(n_run)
-        per_row = 1 + (width if want_features else 0)
-        upper = head + self._loaded_rows * per_row
         results = self._results
         allocations = results.allocations
-        out = results.ensure(upper)
-        blocks = max(1, min(-(-max(self._loaded_rows, head) // 256), self.sms * 8))
-        copy = upper if results.fits_one_copy(upper) else 0
+        read = results.prepare(n_run, width, want_features, self._loaded_rows)
+        blocks = max(1, min(-(-max(self._loaded_rows, read.head) // 256), self.sms * 8))
         # the graph key: the other arrays of the gather were made with the network
-        tail = (blocks, n_run, width, want_features, results.copy_key(copy))
+        tail = (blocks, n_run, width, want_features, results.copy_key(read.copy))
         self._flush(gather=(blocks, (self._ptrs, self._state, self._live_hist, self._stamps,
                                      np.int32(n_run), np.int32(width),
-                                     np.int32(want_features), out), tail, copy))
-        if copy:
-            self._stream.synchronize()
-            data = results.copied(upper)
-        else:
-            with self._dev, self._stream:
-                data = results.read(self._stream, upper, head, per_row)
+                                     np.int32(want_features), results.device), tail, read.copy))
+        data = results.fetch(self._stream, read)
         state, live, stamps, pos, features = unpack_results(data, n_run, width, want_features,
                                                             ordered=not self._merging)
         self._compactions = int(state[ST_COMPACTIONS])

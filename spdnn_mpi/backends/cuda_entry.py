@@ -21,6 +21,19 @@ from spdnn_mpi.backends.cuda_push import push_kernel, push_layout
 from spdnn_mpi.model import Layer
 
 
+def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
+    """Blocks of ``kern`` (``threads`` each, ``smem`` dynamic shared bytes) that fit on
+    one SM of a device with CUDA properties ``props``: registers, threads, shared
+    memory (1 KB a block reserved)."""
+    regs = max(1, int(kern.num_regs))
+    static = int(kern.shared_size_bytes)
+    by_regs = int(props["regsPerMultiprocessor"]) // (((regs + 7) // 8) * 8 * threads)
+    by_threads = int(props["maxThreadsPerMultiProcessor"]) // threads
+    by_smem = (int(props["sharedMemPerMultiprocessor"]) // (smem + static + 1024)
+               if smem + static else by_threads)
+    return max(1, min(by_regs, by_threads, by_smem))
+
+
 @dataclass
 class Launcher:
     """What building a layer's launch needs from the backend."""

@@ -10,7 +10,7 @@ the unpacking need no GPU and are tested on any machine.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,6 +56,15 @@ def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool
     return state, live, stamps, pos, features
 
 
+class ReadPlan(NamedTuple):
+    """Where a batch's results lie in the packed array, and how they come back."""
+
+    head: int  # words before the positions
+    per_row: int  # words a survivor (its position, then its features)
+    upper: int  # words at most (every loaded row alive)
+    copy: int  # words copied in one piece behind the gather (0: two steps, ``read``)
+
+
 class PackedResults:
     """The device array ``gather_results`` fills and its pinned host copy.
 
@@ -90,6 +99,24 @@ class PackedResults:
             self._host_ptr = self._host.ctypes.data
             self.allocations += 1
         return self.device
+
+    def prepare(self, n_run: int, width: int, want_features: bool, n_rows: int) -> ReadPlan:
+        """The plan of a batch of ``n_rows`` rows after ``n_run`` layers of ``width``
+        outputs, with both buffers large enough for it."""
+        head = results_head(n_run)
+        per_row = 1 + (width if want_features else 0)
+        upper = head + n_rows * per_row
+        self.ensure(upper)
+        return ReadPlan(head, per_row, upper, upper if self.fits_one_copy(upper) else 0)
+
+    def fetch(self, stream: Any, plan: ReadPlan) -> np.ndarray:
+        """The results on the host, once ``stream`` has run the gather (and the copy
+        queued behind it, where the plan has one)."""
+        if plan.copy:
+            stream.synchronize()
+            return self.copied(plan.copy)
+        with self._device:
+            return self.read(stream, plan.upper, plan.head, plan.per_row)
 
     @staticmethod
     def fits_one_copy(words: int) -> bool:
