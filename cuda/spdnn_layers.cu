@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
 // are loaded (index 0) but not added. Sums in CSR order, one fmaf per value
 // as in layer_csr, so both give the same bits.
 //
-// Through L1/L2 (SMEM false) the loads of indices and values run
+// Through L1/L2 (SMEM false), with SPDNN_CSR4_GROUP = 1 (the default is the
+// grouped form below), the loads of indices and values run
 // SPDNN_CSR4_AHEAD chunks of 8 ahead of the chunk being added, so a chunk's
 // gathers (global loads too) start without waiting for its indices. The
 // staged form, whose gathers are shared loads, loads one chunk ahead: two made
@@ -325,7 +326,10 @@ __device__ __forceinline__ void csr4_first_chunks(Csr4Chunk (&ring)[N],
 // latency, not G. For the narrow head layers of small batches, whose few warps
 // each wait for every chunk's gathers from L2 in turn: the 10-output head of the
 // 90 % MNIST model at 1000 digits took 9.2 against 12.8 us with G = 4 (H100,
-// tools/model_run_probe.py, one call; docs/performance.md, "Session 19").
+// tools/model_run_probe.py, one call; docs/performance.md, "Session 19"). The
+// same form serves layers with values too wide for a staged tile (n_in > 1792):
+// not measured there (the register count rises from 144 to 230-255, but one
+// 256-thread block an SM fits either way).
 #ifndef SPDNN_CSR4_GROUP
 #define SPDNN_CSR4_GROUP 4
 #endif

@@ -988,3 +988,14 @@ def test_blocks_per_sm_is_bound_by_registers_threads_or_shared_memory():
     assert blocks_per_sm(props, kern(32), 256, 0) == 8  # threads
     assert blocks_per_sm(props, kern(32), 128, 60 * 1024) == 3  # shared memory
     assert blocks_per_sm(props, kern(255), 1024, 0) == 1  # never below one
+
+
+def test_push_kernels_are_compiled_only_where_push_is_on():
+    """Push off (the default): the module names none of the push forms."""
+    from spdnn_mpi.backends.cuda_compile import kernel_names
+
+    off, on = kernel_names({16}), kernel_names({16}, push=True)
+    assert not any(n.startswith("layer_push") for n in off)
+    assert set(on) - set(off) == {"layer_push<true,u16>", "layer_push<true,int>",
+                                  "layer_push<false,u16>", "layer_push<false,int>",
+                                  "layer_push_dense<true>", "layer_push_dense<false>"}

@@ -127,7 +127,8 @@ class CudaBackend:
         t0 = time.perf_counter()
         smem_limit = self._smem_optin - 1024
         plans = [lay.plan_layer(layer, smem_limit, self.variant) for layer in layers]
-        names = kernel_names({p.degree for p in plans if p.degree})
+        names = kernel_names({p.degree for p in plans if p.degree},
+                             push=self._defines["SPDNN_PUSH"] != cuda_push.PUSH_OFF)
         t_compile = time.perf_counter()
         self._mod = compiled_module(self.device_id, sorted(names), self._defines)
         compile_s = time.perf_counter() - t_compile

@@ -39,7 +39,8 @@ DEFAULT_DEFINES: dict[str, int] = {
     # scattered rows): layers 1-10 5-11 % faster, L = 120 direct 4-8 % (H100, one call,
     # same survivors; docs/performance.md, v11)
     "SPDNN_GSUM_COALESCE": 1,
-    # index/value chunks the L1/L2 CSR4 kernel loads ahead (the staged one: 1)
+    # index/value chunks the L1/L2 CSR4 kernel loads ahead with SPDNN_CSR4_GROUP=1 (the
+    # staged one: 1)
     "SPDNN_CSR4_AHEAD": 2,
     # the L1/L2 CSR4 kernel's chunks whose gathers are issued together (1: one at a time,
     # with SPDNN_CSR4_AHEAD): the 10-output head of the 90 % MNIST model at 1000 digits
@@ -67,6 +68,7 @@ DEFAULT_DEFINES: dict[str, int] = {
 #: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
 GROUP_CHUNK = 1
+
 
 def parse_defines(items: Sequence[str]) -> dict[str, int]:
     """``["NAME=INT", ...]`` (the tools' --define, the harness's VARIANT:NAME=INT,...)
@@ -111,8 +113,9 @@ def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int
     return mod
 
 
-def kernel_names(degrees: set[int]) -> list[str]:
-    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
+def kernel_names(degrees: set[int], push: bool = False) -> list[str]:
+    """Every instantiation for these degrees (plus 32), so one module serves most networks;
+    the push forms' only where ``push`` (SPDNN_PUSH on: off, they are never launched)."""
     names = ["scatter_rows<u16>", "scatter_rows<int>"]
     for d in sorted(degrees | {32}):
         names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
@@ -124,7 +127,8 @@ def kernel_names(degrees: set[int]) -> list[str]:
             names.append(f"layer_csr4<{smem},{vals}>")
             for itype in ("u16", "int"):
                 names.append(f"layer_csr<{smem},{vals},{itype}>")
-    names += [f"layer_push<{vals},{itype}>" for vals in ("true", "false")
-              for itype in ("u16", "int")]
-    names += [f"layer_push_dense<{vals}>" for vals in ("true", "false")]
+    if push:
+        names += [f"layer_push<{vals},{itype}>" for vals in ("true", "false")
+                  for itype in ("u16", "int")]
+        names += [f"layer_push_dense<{vals}>" for vals in ("true", "false")]
     return names
