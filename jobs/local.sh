@@ -136,7 +136,7 @@ if [[ -n $PYTHON ]]; then
     probe=$("$PYTHON" - "$STORE" "$LAYERS" 2>&1 <<'EOF'
 import sys
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
 path, layers = sys.argv[1], sys.argv[2]
 try:
     with Store(path) as s:

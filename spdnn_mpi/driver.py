@@ -17,13 +17,13 @@ from spdnn_mpi import comm as mpi
 from spdnn_mpi.backends import make_backend, resolve_backend_name
 from spdnn_mpi.engine import InferenceResult, run_inference
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.store import Store
-from spdnn_mpi.memory import peak_host_bytes
+from spdnn_mpi.formats.store.reader import Store
 from spdnn_mpi.model import ACTIVATIONS, Layer, Network
-from spdnn_mpi.outputs import check_distinct, check_output
-from spdnn_mpi.progress import Progress
 from spdnn_mpi.readout import classes_of_rows
 from spdnn_mpi.report import edges_per_second, machine_info
+from spdnn_mpi.util.memory import peak_host_bytes
+from spdnn_mpi.util.outputs import check_distinct, check_output
+from spdnn_mpi.util.progress import Progress
 
 
 @dataclass
@@ -223,7 +223,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
         state["validate_seconds"] = store.validate_seconds - checked_before
         options: dict = {}
         if backend_name == "cuda":
-            from spdnn_mpi.backends.cuda import import_cupy
+            from spdnn_mpi.backends.cuda.backend import import_cupy
 
             cupy = import_cupy()  # a clear install hint where CuPy is missing
 

@@ -8,7 +8,7 @@ import platform
 import socket
 from pathlib import Path
 
-from spdnn_mpi.atomic import write_text_atomic
+from spdnn_mpi.util.atomic import write_text_atomic
 
 
 def edges_per_second(n_images: int, edges: int, seconds: float) -> float:

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.progress import Emit
+from spdnn_mpi.util.progress import Emit
 
 #: Truth backends by name: "module:function" of a ``(network, rows) -> categories``
 #: callable. "none" writes no truth. Faster backends register here.
 TRUTH_BACKENDS: dict[str, str | None] = {
     "reference": "spdnn_mpi.reference:reference_categories",
-    "cpu": "spdnn_mpi.backends.cpu:cpu_categories",
+    "cpu": "spdnn_mpi.backends.cpu.backend:cpu_categories",
     "none": None,
 }
 
@@ -54,7 +54,7 @@ def truth_memory_bytes(truth_fn: TruthFn | None, n_rows: int, width: int) -> int
 def check_truth_memory(truth_name: str, truth_fn: TruthFn | None, n_rows: int, width: int,
                        extra: int = 0) -> None:
     """Refuse before the long work starts when the truth computation cannot fit."""
-    from spdnn_mpi.memory import require
+    from spdnn_mpi.util.memory import require
 
     need = truth_memory_bytes(truth_fn, n_rows, width)
     if need:
@@ -72,8 +72,8 @@ def truth_by_count(truth_fn: TruthFn, layers: list, rows, counts: Sequence[int],
     lines (layers done, rate, time left) go to ``emit``.
     """
     from spdnn_mpi.model import Network
-    from spdnn_mpi.progress import Progress
     from spdnn_mpi.reference import reference_categories, reference_categories_at
+    from spdnn_mpi.util.progress import Progress
 
     what = f"truth ({name or getattr(truth_fn, '__name__', 'custom')})"
     if truth_fn is reference_categories and counts:

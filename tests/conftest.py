@@ -81,7 +81,7 @@ def write_random_store(path, *, seed: int = 21, n_images: int = 301, width: int 
     """A store of a random uniform network (``n_layers`` layers of ``width``) and binary
     inputs, with the reference truth after all layers (then after each count in
     ``truth_layers``); returns the network and the inputs."""
-    from spdnn_mpi.formats.store import StoreWriter
+    from spdnn_mpi.formats.store.reader import StoreWriter
     from spdnn_mpi.reference import reference_categories
 
     rng = np.random.default_rng(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from conftest import random_inputs, random_network
 
-from spdnn_mpi.formats.model_store import write_model_store
+from spdnn_mpi.formats.models.importer import write_model_store
 from spdnn_mpi.reference import reference_predictions
 
 

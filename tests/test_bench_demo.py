@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from spdnn_mpi.bench.peers.graphblas import graphblas_infer
 from spdnn_mpi.cli import main
-from spdnn_mpi.formats.store import Store
-from spdnn_mpi.peers.graphblas import graphblas_infer
+from spdnn_mpi.formats.store.reader import Store
 
 
 @pytest.fixture(scope="module")

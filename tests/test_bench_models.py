@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from model_stores import classifier_store
 
+from spdnn_mpi.bench.models import tile_rows
 from spdnn_mpi.cli import main
-from spdnn_mpi.commands.bench_models import tile_rows
 from spdnn_mpi.model import SparseRows
 
 pytest.importorskip("onnxruntime")

@@ -9,9 +9,9 @@ import matplotlib
 import numpy as np
 import pytest
 
+from spdnn_mpi.bench import plot as bench_plot
+from spdnn_mpi.bench.floors import H200_FMA_PER_S, H200_HBM_BYTES_PER_S, first_layers, layer_floor
 from spdnn_mpi.cli import main
-from spdnn_mpi.commands import bench_plot
-from spdnn_mpi.floors import H200_FMA_PER_S, H200_HBM_BYTES_PER_S, first_layers, layer_floor
 
 matplotlib.use("Agg")
 

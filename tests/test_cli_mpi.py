@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import random_inputs, random_network
 
-from spdnn_mpi.formats.store import StoreWriter
+from spdnn_mpi.formats.store.reader import StoreWriter
 from spdnn_mpi.reference import reference_categories
 
 

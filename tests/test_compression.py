@@ -158,7 +158,7 @@ def test_compressor_resolves_chains_and_weights():
 
 def test_hash_collisions_never_merge_different_rows(monkeypatch):
     """Every row hashes alike: only the exact comparison keeps the results right."""
-    from spdnn_mpi.backends import cpu_kernels
+    from spdnn_mpi.backends.cpu import kernels as cpu_kernels
 
     rng = np.random.default_rng(4)
     net = random_network(rng, [40] * 9, 0.3, bias="vector")
@@ -173,7 +173,7 @@ def test_hash_collisions_never_merge_different_rows(monkeypatch):
 
 def test_negative_zero_is_not_merged_with_zero():
     """Bit identity, not equality: -0.0 and 0.0 rows stay apart (they could part later)."""
-    from spdnn_mpi.backends.cpu import CpuBackend
+    from spdnn_mpi.backends.cpu.backend import CpuBackend
 
     backend = CpuBackend()
     lay = Layer(2, 2, np.array([0, 1, 2]), np.array([0, 1], dtype=np.uint16),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import random_network
 
-from spdnn_mpi.backends import cpu_kernels as k
+from spdnn_mpi.backends.cpu import kernels as k
 
 T = k.TILE_ROWS
 
@@ -95,7 +95,7 @@ def _shared_layer(rng, n_in, n_out, degree, max_group):
 
 
 def test_shared_inputs_lists_each_output_once_with_its_own_inputs():
-    from spdnn_mpi.backends.cpu import shared_inputs
+    from spdnn_mpi.backends.cpu.backend import shared_inputs
     from spdnn_mpi.generators.radixnet import radixnet_layer
 
     layer = radixnet_layer(1024, 2)
@@ -120,7 +120,7 @@ def test_shared_inputs_lists_each_output_once_with_its_own_inputs():
 def test_shared_sum_kernels_give_the_tile_kernels_bits(n_rows, max_group):
     """One sum per input list (whole tiles, the rows of one tile, a few rows) equals every
     output summing on its own, bit for bit, on random values."""
-    from spdnn_mpi.backends.cpu import shared_inputs
+    from spdnn_mpi.backends.cpu.backend import shared_inputs
 
     rng = np.random.default_rng(n_rows * 31 + max_group)
     layer = _shared_layer(rng, 300, 211, 16, max_group)
@@ -160,7 +160,7 @@ def test_backend_with_shared_sums_gives_the_same_bits(compress, distinct):
     its own, over rows that die and compact, and (3 distinct rows, auto) merge down
     to a few rows of one tile: the same survivors and final features, bit for bit;
     the ids are the reference's."""
-    from spdnn_mpi.backends.cpu import CpuBackend
+    from spdnn_mpi.backends.cpu.backend import CpuBackend
     from spdnn_mpi.engine import run_inference
     from spdnn_mpi.model import Network, SparseRows
     from spdnn_mpi.reference import reference_infer

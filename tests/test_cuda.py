@@ -16,7 +16,7 @@ import pytest
 from conftest import random_network
 
 from spdnn_mpi.backends import cuda_available
-from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.reference import reference_infer
@@ -25,7 +25,7 @@ from spdnn_mpi.reference import reference_infer
 def _cuda_status() -> tuple[bool, str]:
     """cuda_available() after the backend's own CuPy import, which also works from a
     checkout whose cuda/ folder would hide NVIDIA's ``cuda`` package."""
-    from spdnn_mpi.backends.cuda import import_cupy
+    from spdnn_mpi.backends.cuda.backend import import_cupy
     from spdnn_mpi.errors import SpdnnError
 
     try:
@@ -215,8 +215,8 @@ def test_shared_memory_limit_of_a_kernel_is_only_raised():
 
 def _planning_launcher():
     """The launch planning of the CUDA backend with NumPy layouts and kernels by name."""
-    from spdnn_mpi.backends.cuda import DEFAULT_DEFINES
-    from spdnn_mpi.backends.cuda_entry import Launcher
+    from spdnn_mpi.backends.cuda.backend import DEFAULT_DEFINES
+    from spdnn_mpi.backends.cuda.launch import Launcher
 
     return Launcher(np, _FakeModule(), dict(DEFAULT_DEFINES), 132, "auto",
                     lambda kern, threads, smem: 2)
@@ -292,7 +292,7 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     """The layer loop launches compact_rows after a layer that may drop rows only
     when the next layer's kernel does not compact on write (the general CSR); after
     the last layer a compaction stays pending (finish reads the mask)."""
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
 
     calls = []
 
@@ -353,7 +353,7 @@ def test_packed_results_are_read_back_in_position_order(want_features, ascending
     counts, 64-bit stamps in two words, positions and features in slot order
     (``ordered``: the caller vouches that they ascend, as they do without merges).
     Nothing read back may be a view of the (reused, pinned) host buffer."""
-    from spdnn_mpi.backends.cuda_readback import ST_SIZE, results_head, unpack_results
+    from spdnn_mpi.backends.cuda.readback import ST_SIZE, results_head, unpack_results
 
     n_run, width = 3, 5
     state = np.arange(ST_SIZE, dtype=np.int32)
@@ -389,7 +389,7 @@ def test_locality_order_puts_equal_input_sets_side_by_side():
 
 
 def test_defines_are_parsed_as_name_int_and_anything_else_is_named():
-    from spdnn_mpi.backends.cuda_compile import parse_defines
+    from spdnn_mpi.backends.cuda.compile import parse_defines
 
     assert parse_defines(["SPDNN_GSUM_COALESCE=0", "SPDNN_X=-3"]) == {
         "SPDNN_GSUM_COALESCE": 0, "SPDNN_X": -3}
@@ -419,7 +419,7 @@ def test_plan_falls_back_to_csr_for_general_layers():
 
 # -- GPU ----------------------------------------------------------------------------
 def _backend(**kw):
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
 
     return CudaBackend(**kw)
 
@@ -659,7 +659,7 @@ def _read_real_layers(n_layers: int) -> list[Layer]:
     folder = _challenge_dir() / "neuron1024"
     if not folder.is_dir():
         pytest.skip(f"official 1024 network not found in {folder} (set SPDNN_CHALLENGE_DIR)")
-    from spdnn_mpi.formats.tsv_tree import iter_layers
+    from spdnn_mpi.formats.tsv.tree import iter_layers
 
     return list(iter_layers(folder, 1024, n_layers, bias=-0.30, clip=32.0))
 
@@ -773,8 +773,8 @@ def test_released_buffers_are_allocated_again_and_graphs_still_serve():
 @needs_gpu
 @pytest.mark.parametrize("peer", ["cusparse", "torch"])
 def test_gpu_peers_agree_with_reference(peer):
+    from spdnn_mpi.bench.peers import gpu_sparse as peers_gpu
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.peers import gpu as peers_gpu
 
     rng = np.random.default_rng(9)
     net = _random_network(rng, [80, 80, 80, 80], bias="vector")
@@ -792,7 +792,7 @@ def test_gpu_peers_agree_with_reference(peer):
 @needs_gpu
 def test_layout_build_reports_progress_per_layer():
     """The CUDA layout build (seconds at N = 65536 x 1920) tells a Progress how far it is."""
-    from spdnn_mpi.progress import Progress
+    from spdnn_mpi.util.progress import Progress
 
     rng = np.random.default_rng(12)
     network = _random_network(rng, [96] * 7)
@@ -839,7 +839,7 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     import ctypes
     import sys
 
-    from spdnn_mpi.backends import cuda_readback as rb
+    from spdnn_mpi.backends.cuda import readback as rb
 
     copies: list[int] = []
 
@@ -896,7 +896,7 @@ class _FakeStream:
 
 
 def test_graph_cache_keys_pieces_by_what_they_launch_and_turns_off_on_failure():
-    from spdnn_mpi.backends.cuda_graphs import GraphCache
+    from spdnn_mpi.backends.cuda.graphs import GraphCache
 
     cache = GraphCache(on=True)
     todo = ((0, True), (1, False))
@@ -927,8 +927,8 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
     launched; with graphs off the layers are launched one by one."""
     import contextlib
 
-    from spdnn_mpi.backends.cuda import CudaBackend
-    from spdnn_mpi.backends.cuda_graphs import GraphCache
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
+    from spdnn_mpi.backends.cuda.graphs import GraphCache
 
     class Graph:
         def __init__(self, log):
@@ -976,7 +976,7 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
 
 def test_blocks_per_sm_is_bound_by_registers_threads_or_shared_memory():
     """The occupancy the grids are sized by (H100 properties; no GPU needed)."""
-    from spdnn_mpi.backends.cuda_entry import blocks_per_sm
+    from spdnn_mpi.backends.cuda.launch import blocks_per_sm
 
     props = {"regsPerMultiprocessor": 65536, "maxThreadsPerMultiProcessor": 2048,
              "sharedMemPerMultiprocessor": 233472}
@@ -992,7 +992,7 @@ def test_blocks_per_sm_is_bound_by_registers_threads_or_shared_memory():
 
 def test_push_kernels_are_compiled_only_where_push_is_on():
     """Push off (the default): the module names none of the push forms."""
-    from spdnn_mpi.backends.cuda_compile import kernel_names
+    from spdnn_mpi.backends.cuda.compile import kernel_names
 
     off, on = kernel_names({16}), kernel_names({16}, push=True)
     assert not any(n.startswith("layer_push") for n in off)

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
 
 
 def _backend(**kw):
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
 
     return CudaBackend(**kw)
 
@@ -106,7 +106,7 @@ def test_rows_that_never_collapse():
 
 
 def test_real_1024_network_with_digit_inputs():
-    from spdnn_mpi.formats.tsv_tree import iter_layers
+    from spdnn_mpi.formats.tsv.tree import iter_layers
     from spdnn_mpi.generators.digits import digit_images
 
     folder = challenge_dir() / "neuron1024"

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
 
 
 def _run(net, rows, variant="auto"):
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
 
     backend = CudaBackend(variant=variant)
     backend.load_network(net.layers)
@@ -76,7 +76,7 @@ def test_negative_outputs_are_alive():
 
 
 def test_shipped_models_predict_like_the_reference(tmp_path):
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
     from spdnn_mpi.generators import mnist_models as mm
 
     for entry in [e for e in mm.bundled_models() if e.get("file")]:
@@ -90,8 +90,8 @@ def test_shipped_models_predict_like_the_reference(tmp_path):
 
 @pytest.mark.parametrize("peer", ["torch_dense_infer", "torch_sparse_mlp_infer"])
 def test_torch_model_peers_match_the_reference(peer):
+    from spdnn_mpi.bench.peers import torch_dense
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.peers import torch_dense
     from spdnn_mpi.reference import forward_dense
 
     rng = np.random.default_rng(5)
@@ -129,8 +129,8 @@ def test_csr4_on_pruned_degree_skew(widths, values):
     value loads run 1 to 3 chunks ahead (SPDNN_CSR4_AHEAD). Ids exact, features
     within 1e-5 of the reference, and the same bits for every form and
     look-ahead: the sums run in CSR order whatever the kernel."""
-    from spdnn_mpi.backends.cuda import CudaBackend
-    from spdnn_mpi.backends.cuda_compile import DEFAULT_DEFINES
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
+    from spdnn_mpi.backends.cuda.compile import DEFAULT_DEFINES
 
     rng = np.random.default_rng(sum(widths) + values)
     layers = [_pruned_like_layer(rng, n_in, n_out, values,

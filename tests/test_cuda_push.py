@@ -13,7 +13,7 @@ from conftest import random_inputs, random_network
 from test_cuda import CUDA_OK, CUDA_WHY
 from test_cuda_models import _assert_matches_reference
 
-from spdnn_mpi.backends import cuda_push
+from spdnn_mpi.backends.cuda import push as cuda_push
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
 
@@ -96,7 +96,7 @@ def test_a_batch_pushes_by_mode_density_and_order():
 
 
 def _run(net, rows, push, compress="off", batch=None, variant="auto", dense=False):
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
 
     backend = CudaBackend(variant=variant, defines={
         "SPDNN_PUSH": push, "SPDNN_PUSH_DENSE_MAX_ROWS": 1 << 30 if dense else 0})

@@ -14,10 +14,11 @@ import weakref
 import numpy as np
 import pytest
 
+from spdnn_mpi.bench.peers import device_memory
+from spdnn_mpi.bench.peers import gpu_sparse as gpu
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import SparseRows
-from spdnn_mpi.peers import device_memory, gpu
 
 
 class OutOfMemoryError(Exception):

@@ -130,7 +130,7 @@ def test_global_ids_survive_slicing():
 
 def test_real_network_reference_and_cpu_agree(real_dir):
     """All 120 official layers, MNIST-derived inputs: categories identical."""
-    from spdnn_mpi.formats.tsv_tree import iter_layers
+    from spdnn_mpi.formats.tsv.tree import iter_layers
     from spdnn_mpi.generators.digits import digit_images
 
     net = Network(list(iter_layers(real_dir, 1024, 120, bias=-0.3, clip=32.0)))

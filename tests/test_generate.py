@@ -9,7 +9,7 @@ import pytest
 
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
 from spdnn_mpi.generators.challenge import generate_store
 from spdnn_mpi.generators.digits import digit_images
 from spdnn_mpi.generators.radixnet import radixnet_layer
@@ -116,7 +116,7 @@ def test_unknown_truth_backend_name():
 
 
 def test_tsv_layout(tmp_path):
-    from spdnn_mpi.formats import tsv
+    from spdnn_mpi.formats.tsv import read as tsv
 
     out = tmp_path / "tree"
     assert main(_args(out, "--quiet", "--tsv", "--layers-truth", "8")) == 0

@@ -15,7 +15,7 @@ import pytest
 from spdnn_mpi.backends import make_backend
 from spdnn_mpi.cli import main
 from spdnn_mpi.engine import run_inference
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

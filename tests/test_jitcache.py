@@ -3,7 +3,7 @@
 A copy of the package stands in for an installed one whose folders cannot be
 written: a plain file named ``__pycache__`` blocks numba's cache beside the
 sources (for root as well, where permission bits would not), and the user's
-cache folder is blocked the same way. Before ``spdnn_mpi.jitcache`` this
+cache folder is blocked the same way. Before ``spdnn_mpi.util.jitcache`` this
 import failed ("cannot cache function ... no locator available").
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spdnn_mpi import jitcache
+from spdnn_mpi.util import jitcache
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ PROBE = r"""
 import json, sys
 import numpy as np
 import spdnn_mpi
-from spdnn_mpi.backends import cpu_kernels as k
+from spdnn_mpi.backends.cpu import kernels as k
 from numba.core import config
 tiles = np.ones((3, 4, k.TILE_ROWS), np.float32)
 k.first_touch(tiles)
@@ -110,8 +110,8 @@ def test_read_only_package_folder_uses_the_spdnn_cache(monkeypatch, tmp_path):
                                                                        "numba")
 
 
-@pytest.mark.parametrize("module", ["spdnn_mpi.backends.cpu_kernels",
-                                    "spdnn_mpi.formats.tsv_kernels"])
+@pytest.mark.parametrize("module", ["spdnn_mpi.backends.cpu.kernels",
+                                    "spdnn_mpi.formats.tsv.kernels"])
 def test_every_kernel_is_cached_on_disk(module):
     import importlib
 

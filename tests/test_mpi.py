@@ -12,7 +12,7 @@ from conftest import random_inputs, random_network, write_random_store
 
 from spdnn_mpi.driver import RunOptions, distributed_infer
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.store import StoreWriter
+from spdnn_mpi.formats.store.reader import StoreWriter
 from spdnn_mpi.reference import reference_categories
 
 pytestmark = pytest.mark.mpi

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from conftest import random_inputs, random_network, write_random_store
 
-from spdnn_mpi.atomic import atomic_path, write_text_atomic
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
+from spdnn_mpi.util.atomic import atomic_path, write_text_atomic
 
 
 def make_store(path, seed=21, n_images=301):
@@ -70,7 +70,7 @@ def test_infer_never_writes_over_its_store(tmp_path, capsys):
 LIMITED = textwrap.dedent("""
     import resource, signal, sys
     from mpi4py import MPI  # MPI starts before the limit (its start-up writes files)
-    from spdnn_mpi.formats import tsv
+    from spdnn_mpi.formats.tsv import read as tsv
     if sys.argv[1]:
         tsv.read_layer(sys.argv[1], 64, 64)  # compile the parser before the limit
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -100,7 +100,7 @@ def test_failed_write_is_one_line_and_leaves_nothing(tmp_path):
 
 def test_failed_store_write_is_one_line_and_leaves_nothing(tmp_path):
     """A store write that fails inside HDF5 (prepare of a tree, file size limited)."""
-    from spdnn_mpi.formats import tsv_write
+    from spdnn_mpi.formats.tsv import write as tsv_write
 
     rng = np.random.default_rng(4)
     net = random_network(rng, [64] * 3, 0.5)
@@ -121,7 +121,7 @@ def test_temporaries_of_a_killed_write_are_removed(tmp_path):
     final = tmp_path / "out.tsv"
     script = textwrap.dedent("""
         import sys, time
-        from spdnn_mpi.atomic import atomic_path
+        from spdnn_mpi.util.atomic import atomic_path
         with atomic_path(sys.argv[1]) as tmp:
             tmp.write_text("half of it")
             print(tmp, flush=True)
@@ -215,7 +215,7 @@ def test_generate_refuses_to_replace_without_force(tmp_path, capsys):
 
 
 def test_prepare_never_writes_over_an_input(tmp_path, capsys):
-    from spdnn_mpi.formats import tsv_write
+    from spdnn_mpi.formats.tsv import write as tsv_write
 
     rng = np.random.default_rng(11)
     net = random_network(rng, [16] * 3, density=0.3)

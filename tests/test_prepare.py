@@ -12,8 +12,8 @@ from conftest import random_inputs, random_network
 
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.formats import tsv_write
-from spdnn_mpi.formats.store import Store, StoreWriter
+from spdnn_mpi.formats.store.reader import Store, StoreWriter
+from spdnn_mpi.formats.tsv import write as tsv_write
 from spdnn_mpi.model import Layer
 
 N = 16

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from conftest import random_inputs, random_network
 
-from spdnn_mpi import memory
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.progress import Progress, format_seconds
 from spdnn_mpi.reference import reference_categories, reference_categories_at
+from spdnn_mpi.util import memory
+from spdnn_mpi.util.progress import Progress, format_seconds
 
 
 class FakeClock:
@@ -119,7 +119,7 @@ def test_graphblas_peer_memory_stays_flat_over_layers():
     layer, to 12.2 GB at 1024 x 120; in-place updates keep it flat. Here: 4000 live
     rows of 256 neurons, 12 MB a matrix; the old code kept 290 MB after 20 layers."""
     pytest.importorskip("graphblas")
-    from spdnn_mpi.peers.graphblas import graphblas_infer
+    from spdnn_mpi.bench.peers.graphblas import graphblas_infer
 
     rng = np.random.default_rng(9)
     warm = random_network(rng, [256] * 3, 0.1, uniform=True)
@@ -133,7 +133,7 @@ def test_graphblas_peer_memory_stays_flat_over_layers():
 
 
 def test_graphblas_peer_refuses_when_it_cannot_fit(monkeypatch):
-    from spdnn_mpi.peers.graphblas import graphblas_memory_check
+    from spdnn_mpi.bench.peers.graphblas import graphblas_memory_check
 
     rng = np.random.default_rng(1)
     net = random_network(rng, [64] * 3, 0.3)

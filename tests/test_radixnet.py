@@ -154,7 +154,7 @@ def test_network_and_provenance():
 
 # -- the real network ----------------------------------------------------------
 def _real_layer(real_dir, k: int) -> Layer:
-    from spdnn_mpi.formats.tsv import read_layer
+    from spdnn_mpi.formats.tsv.read import read_layer
 
     return read_layer(real_dir / f"n1024-l{k}.tsv.gz", 1024, 1024)
 

@@ -11,7 +11,7 @@ import pytest
 from spdnn_mpi.backends import make_backend
 from spdnn_mpi.cli import main
 from spdnn_mpi.engine import run_inference
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
 from spdnn_mpi.generators import mnist_models as mm
 from spdnn_mpi.readout import accuracy, classes_of_rows
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "jobs"
@@ -114,7 +114,7 @@ def _write_random_store(
     path: Path, n_images: int = 600, width: int = 64, n_layers: int = 6, seed: int = 3
 ) -> None:
     """A small store with truth, written directly (no `spdnn generate` needed)."""
-    from spdnn_mpi.formats.store import StoreWriter
+    from spdnn_mpi.formats.store.reader import StoreWriter
     from spdnn_mpi.model import Layer, Network, SparseRows
     from spdnn_mpi.reference import reference_categories
 

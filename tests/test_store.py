@@ -18,7 +18,7 @@ from conftest import random_inputs, random_network
 
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.formats.store import SUPPORTED_SCHEMA_VERSIONS, Store, StoreWriter
+from spdnn_mpi.formats.store.reader import SUPPORTED_SCHEMA_VERSIONS, Store, StoreWriter
 from spdnn_mpi.reference import reference_categories
 
 W = 48  # network width; indices are uint16

@@ -8,7 +8,7 @@ import pytest
 from conftest import random_inputs, random_network
 
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.formats.store import SCHEMA_VERSION, Store, StoreWriter, layer_key
+from spdnn_mpi.formats.store.reader import SCHEMA_VERSION, Store, StoreWriter, layer_key
 
 
 def classifier_store(path, rng):

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spdnn_mpi.errors import InputFormatError, SpdnnError
-from spdnn_mpi.formats import tsv, tsv_tree, tsv_write
+from spdnn_mpi.formats.tsv import read as tsv
+from spdnn_mpi.formats.tsv import tree as tsv_tree
+from spdnn_mpi.formats.tsv import write as tsv_write
 from spdnn_mpi.model import Layer, Network, SparseRows
 
 

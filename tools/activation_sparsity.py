@@ -28,8 +28,8 @@ from numba import njit, prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spdnn_mpi.backends import cpu_kernels as ck  # noqa: E402
-from spdnn_mpi.formats.store import Store  # noqa: E402
+from spdnn_mpi.backends.cpu import kernels as ck  # noqa: E402
+from spdnn_mpi.formats.store.reader import Store  # noqa: E402
 from spdnn_mpi.generators import mnist_models as mm  # noqa: E402
 
 T = ck.TILE_ROWS

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert a whole official Graph Challenge tree into stores (every N and L found).
 
-Thin wrapper over ``spdnn_mpi.formats.tsv_store.convert_tree``; see docs/data.md.
+Thin wrapper over ``spdnn_mpi.formats.tsv.to_store.convert_tree``; see docs/data.md.
 
     python tools/convert_tree.py DATA_DIR STORE_DIR [--neurons 1024 4096] [--split]
 """
@@ -20,7 +20,7 @@ except ImportError:  # run from a checkout without installing
 
 def main(argv: list[str] | None = None) -> int:
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.tsv_store import convert_tree
+    from spdnn_mpi.formats.tsv.to_store import convert_tree
 
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("root", type=Path, help="official tree (neuron{N}/, sparse-images-{N}.tsv, ...)")

@@ -18,9 +18,9 @@ import statistics
 
 import numpy as np
 
-from spdnn_mpi.backends.cpu import CpuBackend
+from spdnn_mpi.backends.cpu.backend import CpuBackend
 from spdnn_mpi.engine import run_inference
-from spdnn_mpi.formats.store import Store
+from spdnn_mpi.formats.store.reader import Store
 
 
 def main() -> None:

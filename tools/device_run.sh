@@ -9,7 +9,7 @@
 #                                               # locality compress models modellayers profile push
 #
 # `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
-# harness in spdnn_mpi.peers.gpu; with OLD_TREE set (a `git archive` of an
+# harness in spdnn_mpi.bench.peers.gpu_sparse; with OLD_TREE set (a `git archive` of an
 # earlier commit, carried), the same configurations run with that tree's
 # kernels in the same call, so a new kernel is compared on the same machine.
 #
@@ -94,12 +94,12 @@ fi
 if [[ $steps == *sweep* ]]; then
   configs="${SWEEP_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x120 --config 16384x120}"
   # shellcheck disable=SC2086
-  timeout "${SWEEP_TIMEOUT:-420}" python3 -m spdnn_mpi.peers.gpu $configs \
+  timeout "${SWEEP_TIMEOUT:-420}" python3 -m spdnn_mpi.bench.peers.gpu_sparse $configs \
     ${SWEEP_VARIANTS:---variant auto} --repeat 3 --json "$out/sweep.json" > "$out/sweep.log" 2>&1
   note "sweep rc=$?"
   if [[ -n ${OLD_TREE:-} ]]; then
     # shellcheck disable=SC2086
-    (cd "$OLD_TREE" && PYTHONPATH="/tmp/site:$PWD" python3 -m spdnn_mpi.peers.gpu $configs \
+    (cd "$OLD_TREE" && PYTHONPATH="/tmp/site:$PWD" python3 -m spdnn_mpi.bench.peers.gpu_sparse $configs \
       --variant auto --repeat 3 --json "$out/sweep_old.json") > "$out/sweep_old.log" 2>&1
     note "sweep of $OLD_TREE rc=$?"
   fi
@@ -107,11 +107,11 @@ fi
 
 if [[ $steps == *compress* ]]; then
   # Compression off and auto on the same networks and inputs (harness in
-  # spdnn_mpi.peers.gpu: networks built in memory, no truth): categories of
+  # spdnn_mpi.bench.peers.gpu_sparse: networks built in memory, no truth): categories of
   # auto must equal off's, and off's the cuSPARSE peer's up to COMPRESS_PEER_MAX.
   configs="${COMPRESS_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x1920 --config 16384x1920}"
   # shellcheck disable=SC2086
-  timeout "${COMPRESS_TIMEOUT:-300}" python3 -m spdnn_mpi.peers.gpu $configs \
+  timeout "${COMPRESS_TIMEOUT:-300}" python3 -m spdnn_mpi.bench.peers.gpu_sparse $configs \
     ${COMPRESS_VARIANTS:---variant auto} ${COMPRESS_MODES:---compress off --compress auto} \
     --repeat 3 --peer cusparse --peer-max "${COMPRESS_PEER_MAX:-7864320}" \
     --json "$out/compress.json" > "$out/compress.log" 2>&1
@@ -126,8 +126,8 @@ if [[ $steps == *locality* ]]; then
   python3 - $configs --repeat 3 --json "$out/locality_off.json" > "$out/locality_off.log" 2>&1 <<'PY'
 import sys
 import numpy as np
-from spdnn_mpi.peers import gpu as peers_gpu
-from spdnn_mpi.backends import cuda_layout
+from spdnn_mpi.bench.peers import gpu_sparse as peers_gpu
+from spdnn_mpi.backends.cuda import layout as cuda_layout
 cuda_layout.locality_order = lambda rows: np.arange(rows.shape[0])
 sys.exit(peers_gpu.main(sys.argv[1:]))
 PY

@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
 
-    from spdnn_mpi.backends.cuda import CudaBackend
-    from spdnn_mpi.commands.bench_models import tile_rows
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
+    from spdnn_mpi.bench.models import tile_rows
     from spdnn_mpi.engine import time_inference
     from spdnn_mpi.generators import mnist_models as mm
 

@@ -30,14 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--breakdown", action="store_true",
                    help="also time finish's parts and one graph launch from an idle GPU")
     args = p.parse_args(argv)
-    from spdnn_mpi.backends.cuda_compile import parse_defines
+    from spdnn_mpi.backends.cuda.compile import parse_defines
 
     try:
         defines = parse_defines(args.define)
     except ValueError as exc:
         p.error(f"--define {exc}")
 
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
     from spdnn_mpi.engine import run_inference
     from spdnn_mpi.generators import mnist_models as mm
 
@@ -99,7 +99,7 @@ def breakdown(backend, net, rows, runs: int) -> str:
     wait for the graph, with the copy behind it, and finish's own lines), of
     one graph launch from an idle GPU to its end (host wall and CUDA events),
     and of back-to-back launches."""
-    import spdnn_mpi.backends.cuda as cuda_mod
+    import spdnn_mpi.backends.cuda.backend as cuda_mod
 
     spent: dict[str, list[float]] = {}
 

@@ -29,17 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--define", action="append", default=[], metavar="NAME=INT",
                    help="compile-time setting of the kernels, repeatable")
     args = p.parse_args(argv)
-    from spdnn_mpi.backends.cuda_compile import parse_defines
+    from spdnn_mpi.backends.cuda.compile import parse_defines
 
     try:
         defines = parse_defines(args.define)
     except ValueError as exc:
         p.error(f"--define {exc}")
 
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
+    from spdnn_mpi.bench.peers.gpu_sparse import suite_inputs
     from spdnn_mpi.engine import run_inference
     from spdnn_mpi.generators.radixnet import radixnet_network
-    from spdnn_mpi.peers.gpu import suite_inputs
 
     if args.model is not None:
         from spdnn_mpi.generators import mnist_models as mm

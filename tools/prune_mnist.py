@@ -35,8 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spdnn_mpi.atomic import atomic_path, write_text_atomic  # noqa: E402
 from spdnn_mpi.generators.mnist_models import MANIFEST, TRAIN_DIGITS, mnist_split  # noqa: E402
+from spdnn_mpi.util.atomic import atomic_path, write_text_atomic  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

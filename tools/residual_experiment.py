@@ -65,7 +65,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import challenge_dir, random_inputs, random_network
 
-    from spdnn_mpi.formats.tsv_tree import iter_layers
+    from spdnn_mpi.formats.tsv.tree import iter_layers
     from spdnn_mpi.generators.digits import digit_images
     from spdnn_mpi.model import Network
 

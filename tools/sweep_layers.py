@@ -1,4 +1,4 @@
-"""Per-layer device times of a sweep (python -m spdnn_mpi.peers.gpu --json): a short dump.
+"""Per-layer device times of a GPU sweep (its --json): a short dump.
 
     python tools/sweep_layers.py sweep.json [--first 12]
 """

@@ -23,7 +23,7 @@ except ImportError:  # run from a checkout without installing
 
 def measure(path: Path, n_layers: int | None) -> list[dict]:
     """One pass over the layers and one over the inputs: nonzeros, read and check seconds."""
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
 
     rows = []
     with Store(path) as store:

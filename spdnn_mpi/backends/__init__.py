@@ -12,8 +12,8 @@ from spdnn_mpi.errors import SpdnnError
 
 #: name -> (module, class)
 BACKENDS = {
-    "cpu": ("spdnn_mpi.backends.cpu", "CpuBackend"),
-    "cuda": ("spdnn_mpi.backends.cuda", "CudaBackend"),
+    "cpu": ("spdnn_mpi.backends.cpu.backend", "CpuBackend"),
+    "cuda": ("spdnn_mpi.backends.cuda.backend", "CudaBackend"),
     "reference": ("spdnn_mpi.backends.reference", "ReferenceBackend"),
 }
 

@@ -47,7 +47,7 @@ library's message, and the benchmark goes on.
 
 def default_data_dir() -> Path:
     """Where generated benchmark stores are cached ($SPDNN_CACHE_DIR or ~/.cache)."""
-    from spdnn_mpi.paths import cache_dir
+    from spdnn_mpi.util.paths import cache_dir
 
     return cache_dir() / "bench"
 
@@ -162,7 +162,7 @@ def generated_cases(args) -> Iterator[tuple[Path, int]]:
     """(store, layers) per requested configuration; each N's store generated (once)
     just before its first case, so a run cut short keeps the cases done (--json is
     written after every case) instead of spending its time generating them all."""
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
     from spdnn_mpi.generators.challenge import generate_store
 
     configs = requested_configs(args)
@@ -197,8 +197,8 @@ def run_peer(name: str, network, rows, threads: int | None, emit=None):
     lines of the timed run go to ``emit`` (GraphBLAS: 13-30 s at 1024 x 120).
     """
     if name == "graphblas":
-        from spdnn_mpi.peers.graphblas import graphblas_infer, graphblas_memory_check
-        from spdnn_mpi.progress import Progress
+        from spdnn_mpi.bench.peers.graphblas import graphblas_infer, graphblas_memory_check
+        from spdnn_mpi.util.progress import Progress
 
         graphblas_memory_check(network, rows)
 
@@ -207,7 +207,7 @@ def run_peer(name: str, network, rows, threads: int | None, emit=None):
                                 emit if r is rows else None)
             return graphblas_infer(network, r, threads, progress)
     else:
-        from spdnn_mpi.peers import gpu as peers_gpu
+        from spdnn_mpi.bench.peers import gpu_sparse as peers_gpu
 
         impl = peers_gpu.cusparse_infer if name == "cusparse" else peers_gpu.torch_sparse_infer
 
@@ -240,7 +240,7 @@ def time_mode(args, network, rows, backend, mode: str, set_up_seconds: float) ->
 
     from spdnn_mpi.driver import merge_events
     from spdnn_mpi.engine import time_inference
-    from spdnn_mpi.formats.tsv_write import write_categories
+    from spdnn_mpi.formats.tsv.write import write_categories
     from spdnn_mpi.report import edges_per_second
 
     median, times, res = time_inference(network, rows, backend, args.repeat, args.batch,
@@ -288,14 +288,14 @@ def simulate_ranks(args, network, rows, backend, mode: str, median: float, ranks
 
 
 def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_name: str) -> dict:
-    from spdnn_mpi.anchors import anchors_for
-    from spdnn_mpi.commands import bench_plot
+    from spdnn_mpi.bench import plot as bench_plot
+    from spdnn_mpi.bench.anchors import anchors_for
     from spdnn_mpi.driver import compare_categories
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.store import Store
-    from spdnn_mpi.memory import peak_host_bytes
-    from spdnn_mpi.progress import Progress
+    from spdnn_mpi.formats.store.reader import Store
     from spdnn_mpi.report import edges_per_second
+    from spdnn_mpi.util.memory import peak_host_bytes
+    from spdnn_mpi.util.progress import Progress
 
     with Store(store_path) as store:
         n_layers = store.n_layers if n_layers is None else n_layers  # 0 is refused, not "all"
@@ -425,11 +425,12 @@ def table(rows: list[dict], peers: list[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.backends import make_backend, resolve_backend_name
-    from spdnn_mpi.commands import bench_models, bench_plot
+    from spdnn_mpi.bench import models as bench_models
+    from spdnn_mpi.bench import plot as bench_plot
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.memory import peak_host_bytes
-    from spdnn_mpi.outputs import check_output
     from spdnn_mpi.report import machine_info, write_json
+    from spdnn_mpi.util.memory import peak_host_bytes
+    from spdnn_mpi.util.outputs import check_output
 
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path:

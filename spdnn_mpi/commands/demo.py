@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def demo_store(args) -> Path:
     """The cached demo store, generated on first use (atomically)."""
     from spdnn_mpi.generators.challenge import generate_store
-    from spdnn_mpi.paths import cache_dir
+    from spdnn_mpi.util.paths import cache_dir
 
     directory = args.cache_dir or cache_dir()
     path = directory / f"demo-n{DEMO_NEURONS}-l{DEMO_LAYERS}-i{args.images}-s{args.seed}.h5"
@@ -66,7 +66,7 @@ def demo_store(args) -> Path:
 def model_demo_store(args) -> Path:
     """The cached store of the shipped model asked for with --model."""
     from spdnn_mpi.generators import mnist_models as mm
-    from spdnn_mpi.paths import cache_dir
+    from spdnn_mpi.util.paths import cache_dir
 
     entry = mm.find_model(args.model)
     path = mm.model_store(entry, (args.cache_dir or cache_dir()) / "models", args.regenerate)

@@ -46,7 +46,7 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spdnn_mpi.formats.model_store import import_model
+    from spdnn_mpi.formats.models.importer import import_model
 
     summary = import_model(args.model, args.out, inputs=args.inputs, labels=args.labels,
                            layer_order=_names(args.layer_order),

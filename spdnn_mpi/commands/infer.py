@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def progress_printer(n_ranks: int):
     """The engine's progress callback for rank 0 (its own rows when there are several ranks)."""
-    from spdnn_mpi.progress import Progress, stderr_lines
+    from spdnn_mpi.util.progress import Progress, stderr_lines
 
     emit = stderr_lines("spdnn infer")
 
@@ -118,7 +118,7 @@ def machine_line(report: dict) -> str:
 
 def summary_lines(report: dict) -> list[str]:
     """The human summary printed by rank 0."""
-    from spdnn_mpi.memory import format_bytes
+    from spdnn_mpi.util.memory import format_bytes
 
     live = report.get("live_rows_per_layer") or []
     lines = [
@@ -199,9 +199,9 @@ def compression_line(report: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
     from spdnn_mpi.driver import RunOptions, compare_categories, distributed_infer
-    from spdnn_mpi.formats.tsv_write import write_categories
-    from spdnn_mpi.progress import stderr_lines
+    from spdnn_mpi.formats.tsv.write import write_categories
     from spdnn_mpi.report import write_json
+    from spdnn_mpi.util.progress import stderr_lines
 
     world = mpi.world()
     rank = world.Get_rank()
@@ -248,7 +248,7 @@ def finish_argmax(args: argparse.Namespace, report: dict, predictions: np.ndarra
 
     ``reference`` (with --check) and ``labels`` were read when the run started.
     """
-    from spdnn_mpi.formats.tsv_write import write_predictions
+    from spdnn_mpi.formats.tsv.write import write_predictions
     from spdnn_mpi.readout import accuracy, compare_predictions
     from spdnn_mpi.report import write_json
 

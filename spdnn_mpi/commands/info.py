@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def describe(path: str | Path) -> dict:
     """``Store.summary()`` plus the size and source of every truth set."""
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
 
     with Store(path) as store:
         info = store.summary()

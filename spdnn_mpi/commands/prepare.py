@@ -4,7 +4,7 @@ Reads a ``neuron{N}`` folder layer by layer (never the whole network), plus
 optionally the ``sparse-images-{N}.tsv`` inputs and ``neuron{N}-l{L}-
 categories.tsv`` truth files, and writes one store atomically: on any error
 nothing is left under the output name. The conversion itself is
-``spdnn_mpi.formats.tsv_store.prepare_store``.
+``spdnn_mpi.formats.tsv.to_store.prepare_store``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import re
 from pathlib import Path
 
-from spdnn_mpi.formats.tsv_store import DEFAULT_CLIP
+from spdnn_mpi.formats.tsv.to_store import DEFAULT_CLIP
 
 EXAMPLES = """\
 examples:
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse_categories_arg(text: str) -> tuple[int, Path]:
     """``L=FILE`` or a file named ``neuron{N}-l{L}-categories.tsv[.gz]`` -> (L, path)."""
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.tsv import CATEGORIES_RE
+    from spdnn_mpi.formats.tsv.read import CATEGORIES_RE
 
     m = re.fullmatch(r"(\d+)=(.+)", text)
     if m:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
             raise SpdnnError(f"two truth files for {n_l} layers: {categories[n_l]} and {path}")
         categories[n_l] = path
-    from spdnn_mpi.formats.tsv_store import prepare_store
+    from spdnn_mpi.formats.tsv.to_store import prepare_store
 
     prepare_store(
         args.weights,

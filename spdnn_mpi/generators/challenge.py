@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.progress import Emit, Progress, stderr_lines
 from spdnn_mpi.truth import TruthFn, check_truth_memory, resolve_truth_backend, truth_by_count
+from spdnn_mpi.util.progress import Emit, Progress, stderr_lines
 
 
 def _reporting(layers: Iterable, total: int, emit: Emit | None, keep: list,
@@ -54,7 +54,7 @@ def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list
 def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bool,
                mnist_dir: str | os.PathLike | None) -> None:
     """Refuse an output that exists (unless ``force``), cannot be written, or is an input."""
-    from spdnn_mpi.outputs import check_output
+    from spdnn_mpi.util.outputs import check_output
 
     inputs = {}
     if mnist_dir is not None and Path(mnist_dir).is_dir():
@@ -162,14 +162,14 @@ def generate_store(
         return out
 
     if tsv:
-        from spdnn_mpi.formats.tsv_write import write_categories, write_tree
+        from spdnn_mpi.formats.tsv.write import write_categories, write_tree
 
         out_dir = Path(path)
         write_tree(out_dir, stream, rows)
         for n, ids in compute_truth():
             write_categories(out_dir / f"neuron{neurons}-l{n}-categories.tsv", ids)
     else:
-        from spdnn_mpi.formats.store import StoreWriter
+        from spdnn_mpi.formats.store.reader import StoreWriter
 
         with StoreWriter(path, provenance) as writer:
             writer.write_inputs(rows)

@@ -65,7 +65,7 @@ def model_network(entry: dict):
     (the tools' way to a model without a cache directory)."""
     from tempfile import TemporaryDirectory
 
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
 
     with TemporaryDirectory() as tmp:
         with Store(model_store(entry, Path(tmp))) as store:
@@ -74,7 +74,7 @@ def model_network(entry: dict):
 
 def model_store(entry: dict, directory: Path, force: bool = False) -> Path:
     """The store of one shipped model with the held-out digits and labels, imported once."""
-    from spdnn_mpi.formats.model_store import import_model
+    from spdnn_mpi.formats.models.importer import import_model
 
     path = directory / f"{Path(entry['file']).name.split('.')[0]}-test.h5"
     if path.exists() and not force:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from spdnn_mpi.backends import cuda_layout as lay
+from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.errors import SpdnnError
 
 #: Compile-time settings handed to NVRTC as #defines.

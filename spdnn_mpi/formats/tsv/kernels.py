@@ -1,4 +1,4 @@
-"""Numba kernels behind ``spdnn_mpi.formats.tsv``: parse and format blocks of TSV bytes.
+"""Numba kernels behind ``spdnn_mpi.formats.tsv.read``: parse and format blocks of TSV bytes.
 
 Kept apart from the file handling so each module holds one idea: these
 functions see only byte buffers and arrays, validate every field as they go
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from spdnn_mpi import jitcache
+from spdnn_mpi.util import jitcache
 
 jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from spdnn_mpi.atomic import atomic_path, write_error
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.formats.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
+from spdnn_mpi.formats.store.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
 from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
+from spdnn_mpi.util.atomic import atomic_path, write_error
 
 
 def _now() -> str:

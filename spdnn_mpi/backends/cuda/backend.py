@@ -20,18 +20,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spdnn_mpi.backends import cuda_layout as lay
-from spdnn_mpi.backends import cuda_push
-from spdnn_mpi.backends.cuda_compile import (  # noqa: F401 (import_cupy: used by callers)
+from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.backends.cuda import push as cuda_push
+from spdnn_mpi.backends.cuda.compile import (  # noqa: F401 (import_cupy: used by callers)
     DEFAULT_DEFINES,
     compiled_module,
     import_cupy,
     kernel_names,
 )
-from spdnn_mpi.backends.cuda_entry import Launcher, blocks_per_sm
-from spdnn_mpi.backends.cuda_graphs import GraphCache
-from spdnn_mpi.backends.cuda_merge import DeviceMerge
-from spdnn_mpi.backends.cuda_readback import (
+from spdnn_mpi.backends.cuda.graphs import GraphCache
+from spdnn_mpi.backends.cuda.launch import Launcher, blocks_per_sm
+from spdnn_mpi.backends.cuda.merge import DeviceMerge
+from spdnn_mpi.backends.cuda.readback import (
     ST_COMPACTIONS,
     ST_ROWS,
     ST_SIZE,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import ModelFormatError, SpdnnError
-from spdnn_mpi.formats.mlp import DenseLayer, as_float32
+from spdnn_mpi.formats.models.mlp import DenseLayer, as_float32
 
 #: Tensor types this reader converts to float32.
 FLOAT_DTYPES = ("F16", "F32", "F64")

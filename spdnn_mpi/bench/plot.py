@@ -1,7 +1,7 @@
 """The parts of `spdnn bench` for configurations beyond the main table.
 
 The first-layers table (the direct mode's measured time per layer against
-the H200 floor of ``spdnn_mpi.floors``) and ``--plot FILE.png``: TE/s per
+the H200 floor of ``spdnn_mpi.bench.floors``) and ``--plot FILE.png``: TE/s per
 configuration, both modes, against the published anchors, and time and live
 rows per layer of one configuration (``--plot-config``). The options are
 checked before anything long runs, the PNG is written atomically.
@@ -34,7 +34,7 @@ def _name(config: tuple[int, int]) -> str:
 
 def store_config(path: Path, layers: int | None) -> tuple[int, int]:
     """(N, L) a store case will run, from the store's attributes (no weights read)."""
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
 
     with Store(path) as store:
         shapes = store.layer_shapes()
@@ -67,7 +67,7 @@ def check_options(args, store_cases: list[tuple[Path, int | None]],
 
 def add_first_layers(row: dict, network, k: int) -> None:
     """The off mode's first ``k`` layers against their floors, into ``row`` (if timed)."""
-    from spdnn_mpi.floors import first_layers, network_floors
+    from spdnn_mpi.bench.floors import first_layers, network_floors
 
     off = row["modes"].get("off")
     if k <= 0 or off is None or off.get("layer_seconds") is None:
@@ -205,7 +205,7 @@ def _layers_panel(ax, row: dict) -> None:
 
 def plot(results: list[dict], path: str | Path, config: tuple[int, int] | None) -> None:
     """Both panels into one PNG, written atomically."""
-    from spdnn_mpi.atomic import atomic_path
+    from spdnn_mpi.util.atomic import atomic_path
 
     plt = pyplot()
     row = chosen_row(results, config)

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from spdnn_mpi.backends import cuda_layout as lay
-from spdnn_mpi.backends.cuda_compile import GROUP_CHUNK
-from spdnn_mpi.backends.cuda_push import push_kernel, push_layout
+from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.backends.cuda.compile import GROUP_CHUNK
+from spdnn_mpi.backends.cuda.push import push_kernel, push_layout
 from spdnn_mpi.model import Layer
 
 

@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
+from spdnn_mpi.bench.peers.device_memory import out_of_memory_is_a_skip
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
-from spdnn_mpi.peers.device_memory import out_of_memory_is_a_skip
 
 
 def torch_device(peer: str):

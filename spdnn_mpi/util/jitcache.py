@@ -31,7 +31,7 @@ def _writable_dir(path: Path) -> bool:
 
 def default_cache_dir() -> Path:
     """The numba cache used when the package folder is read-only."""
-    from spdnn_mpi.paths import cache_dir
+    from spdnn_mpi.util.paths import cache_dir
 
     preferred = cache_dir() / "numba"
     if _writable_dir(preferred):

@@ -10,7 +10,7 @@ covers the layers and fetching the survivors' ids to the host.
 - ``cusparse_infer``: cupyx.scipy.sparse CSR of W^T times dense Y^T (cuSPARSE SpMM).
 - ``torch_sparse_infer``: torch.sparse CSR, the same product.
 
-``python -m spdnn_mpi.peers.gpu`` times the CUDA backend and the peers over a
+``python -m spdnn_mpi.bench.peers.gpu_sparse`` times the CUDA backend and the peers over a
 few configurations and prints a table (the ``sweep`` step of ``tools/device_run.sh`` runs it).
 """
 
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from spdnn_mpi.backends.cuda_compile import parse_defines
+from spdnn_mpi.backends.cuda.compile import parse_defines
+from spdnn_mpi.bench.peers.device_memory import free_device_caches, out_of_memory_is_a_skip
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
-from spdnn_mpi.peers.device_memory import free_device_caches, out_of_memory_is_a_skip
 from spdnn_mpi.reference import droppable_after
 
 #: Ceilings of one H200 used for the floor (KINDS.md: copy 4.3 TB/s read+write;
@@ -38,7 +38,7 @@ H200_GATHERS_PER_S = 132 * 32 * 1.98e9
 
 
 def _cupy():
-    from spdnn_mpi.backends.cuda import import_cupy
+    from spdnn_mpi.backends.cuda.backend import import_cupy
 
     return import_cupy()
 
@@ -100,7 +100,7 @@ def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, floa
 @out_of_memory_is_a_skip("torch")
 def torch_sparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, float]:
     """Inference through torch.sparse CSR (cuSPARSE underneath), dead rows dropped per layer."""
-    from spdnn_mpi.peers.torch_dense import torch_csr_t, torch_device
+    from spdnn_mpi.bench.peers.torch_models import torch_csr_t, torch_device
 
     torch, dev = torch_device("torch")
     drop = droppable_after(network)
@@ -169,7 +169,7 @@ def time_cuda(network: Network, rows: SparseRows, *, repeat: int = 3, variant: s
               batch: int | None = None, device: int | None = None,
               defines: dict[str, int] | None = None, compress: str = "off") -> dict:
     """Load, warm up and time the CUDA backend (median of ``repeat`` runs)."""
-    from spdnn_mpi.backends.cuda import CudaBackend
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
     from spdnn_mpi.engine import time_inference
 
     backend = CudaBackend(device=device, variant=variant, defines=defines)
@@ -187,7 +187,7 @@ def _real_network_1024(root: Path) -> Network | None:
     folder = root / "neuron1024"
     if not folder.is_dir():
         return None
-    from spdnn_mpi.formats.tsv_tree import iter_layers
+    from spdnn_mpi.formats.tsv.tree import iter_layers
     from spdnn_mpi.model import CHALLENGE_CLIP, challenge_bias
 
     layers = list(iter_layers(folder, 1024, 120, bias=challenge_bias(1024), clip=CHALLENGE_CLIP))
@@ -320,7 +320,7 @@ def format_suite(rows: list[dict], peers: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line of the suite: ``python -m spdnn_mpi.peers.gpu --config 1024x120 ...``."""
+    """Command line of the suite: ``python -m spdnn_mpi.bench.peers.gpu_sparse --config NxL``."""
     p = argparse.ArgumentParser(description="time the CUDA backend and the GPU peers")
     p.add_argument("--config", action="append", default=[], help="NxL, repeatable")
     p.add_argument("--images", type=int, default=60000)

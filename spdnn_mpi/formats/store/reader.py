@@ -21,14 +21,14 @@ import h5py
 import numpy as np
 
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.formats import validate
-from spdnn_mpi.formats.schema import (  # noqa: F401 - re-exported for users of this module
+from spdnn_mpi.formats.store import validate
+from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for users of this module
     FORMAT_NAME,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     layer_key,
 )
-from spdnn_mpi.formats.store_writer import StoreWriter  # noqa: F401 - re-exported
+from spdnn_mpi.formats.store.writer import StoreWriter  # noqa: F401 - re-exported
 from spdnn_mpi.model import ACTIVATIONS, READOUTS, Layer, Network, SparseRows
 
 

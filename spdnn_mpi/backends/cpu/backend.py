@@ -15,8 +15,8 @@ import numpy as np
 
 from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.engine import BatchResult
-from spdnn_mpi.memory import available_bytes
 from spdnn_mpi.model import Layer, SparseRows
+from spdnn_mpi.util.memory import available_bytes
 
 
 def shared_inputs(layer: Layer) -> tuple | None:
@@ -52,7 +52,7 @@ class CpuBackend:
         list once (``shared_inputs``; the same bits); False: every output on its own."""
         import numba
 
-        from spdnn_mpi.backends import cpu_kernels
+        from spdnn_mpi.backends.cpu import kernels as cpu_kernels
 
         self._k = cpu_kernels
         if threads is not None:

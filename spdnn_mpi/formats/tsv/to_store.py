@@ -51,11 +51,12 @@ def prepare_store(
     """
     from spdnn_mpi import __version__
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats import tsv, tsv_tree
-    from spdnn_mpi.formats.store import StoreWriter
+    from spdnn_mpi.formats.store.reader import StoreWriter
+    from spdnn_mpi.formats.tsv import read as tsv
+    from spdnn_mpi.formats.tsv import tree as tsv_tree
     from spdnn_mpi.model import challenge_bias
-    from spdnn_mpi.outputs import check_output
-    from spdnn_mpi.progress import Progress, stderr_lines
+    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.progress import Progress, stderr_lines
 
     weights = Path(weights)
     out = Path(out)
@@ -199,8 +200,8 @@ def _check_numbers(bias: float | None, clip: float | None, n_images: int | None)
 
 def _add_computed_truth(writer, layers, rows, truth_layers, backend: str, progress: bool) -> None:
     """Compute and store the categories after each of ``truth_layers`` layers."""
-    from spdnn_mpi.progress import stderr_lines
     from spdnn_mpi.truth import resolve_truth_backend, truth_by_count
+    from spdnn_mpi.util.progress import stderr_lines
 
     name, fn = resolve_truth_backend(backend)
     t0 = time.perf_counter()
@@ -228,7 +229,7 @@ def convert_tree(
     480-layer networks are the first layers of the 1920-layer one.
     """
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats import tsv_tree
+    from spdnn_mpi.formats.tsv import tree as tsv_tree
 
     nets = tsv_tree.scan_tree(root)
     if neurons:

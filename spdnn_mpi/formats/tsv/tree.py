@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError
-from spdnn_mpi.formats.tsv import CATEGORIES_RE, IMAGES_RE, LAYER_RE, read_layer
+from spdnn_mpi.formats.tsv.read import CATEGORIES_RE, IMAGES_RE, LAYER_RE, read_layer
 from spdnn_mpi.model import Layer
 
 

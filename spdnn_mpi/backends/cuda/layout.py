@@ -38,7 +38,7 @@ def kernel_source_dir():
     A source checkout keeps them in ``<repo>/cuda``; an installed package maps
     that folder to ``spdnn_mpi.kernels`` (setup.cfg ``package_dir``).
     """
-    checkout = Path(__file__).resolve().parents[2] / "cuda"
+    checkout = Path(__file__).resolve().parents[3] / "cuda"
     if (checkout / KERNEL_UNITS[0]).is_file():
         return checkout
     try:

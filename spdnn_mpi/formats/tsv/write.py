@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from spdnn_mpi.atomic import atomic_path
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.tsv_kernels import format_block
+from spdnn_mpi.formats.tsv.kernels import format_block
 from spdnn_mpi.model import Layer, Network, SparseRows
+from spdnn_mpi.util.atomic import atomic_path
 
 
 def _value_table(values: np.ndarray | None, uniform: float | None, one_as_int: bool):

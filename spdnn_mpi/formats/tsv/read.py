@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError
-from spdnn_mpi.formats.tsv_counts import (  # noqa: F401 - STRAY_EMPTY_IMAGES re-exported
+from spdnn_mpi.formats.tsv.counts import (  # noqa: F401 - STRAY_EMPTY_IMAGES re-exported
     STRAY_EMPTY_IMAGES,
     RowCounts,
     check_stray_id,
 )
-from spdnn_mpi.formats.tsv_kernels import (
+from spdnn_mpi.formats.tsv.kernels import (
     E_BLANK,
     E_COLUMNS,
     E_ID_HIGH,

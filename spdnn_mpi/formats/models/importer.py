@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError, SpdnnError
-from spdnn_mpi.formats.mlp import DenseLayer, dense_network, sparsity
+from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity
 from spdnn_mpi.model import Network, SparseRows
 
 FORMATS = ("onnx", "safetensors")
@@ -50,10 +50,10 @@ def read_model(path: str | os.PathLike, layer_order: list[str] | None = None,
         if layer_order or activations:
             raise SpdnnError("--layer-order and --activations are for safetensors files; an "
                              "ONNX file gives its own order and activations")
-        from spdnn_mpi.formats.onnx_model import read_onnx
+        from spdnn_mpi.formats.models.onnx_reader import read_onnx
 
         return read_onnx(path)
-    from spdnn_mpi.formats.safetensors_model import read_safetensors
+    from spdnn_mpi.formats.models.safetensors_reader import read_safetensors
 
     return read_safetensors(path, layer_order, activations)
 
@@ -171,7 +171,7 @@ def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
 def write_model_store(out: Path, network: Network, rows: SparseRows | None,
                       labels: np.ndarray | None, predictions: np.ndarray | None) -> None:
     """One atomic store: layers, readout, inputs, labels and reference predictions."""
-    from spdnn_mpi.formats.store import StoreWriter
+    from spdnn_mpi.formats.store.reader import StoreWriter
 
     with StoreWriter(out, network.provenance, readout=network.readout) as writer:
         for layer in network.layers:

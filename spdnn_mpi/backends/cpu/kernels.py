@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from spdnn_mpi import jitcache
+from spdnn_mpi.util import jitcache
 
 jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
 

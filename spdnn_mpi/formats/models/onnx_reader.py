@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import ModelFormatError, SpdnnError
-from spdnn_mpi.formats.mlp import DenseLayer, as_float32
+from spdnn_mpi.formats.models.mlp import DenseLayer, as_float32
 
 #: Nodes allowed after the last layer: they only turn logits into labels.
 HEAD_OPS = ("Softmax", "LogSoftmax")

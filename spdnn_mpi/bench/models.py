@@ -17,14 +17,14 @@ import numpy as np
 
 #: Model peers: name -> (module, function) returning (outputs, median s, all s).
 MODEL_PEERS = {
-    "onnxruntime": ("spdnn_mpi.peers.onnxruntime_peer", "onnxruntime_infer"),
-    "torch-dense": ("spdnn_mpi.peers.torch_dense", "torch_dense_infer"),
-    "torch": ("spdnn_mpi.peers.torch_dense", "torch_sparse_mlp_infer"),
+    "onnxruntime": ("spdnn_mpi.bench.peers.onnx_dense", "onnxruntime_infer"),
+    "torch-dense": ("spdnn_mpi.bench.peers.torch_models", "torch_dense_infer"),
+    "torch": ("spdnn_mpi.bench.peers.torch_models", "torch_sparse_mlp_infer"),
 }
 
 
 def is_model_store(path: Path) -> bool:
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.store.reader import Store
 
     with Store(path) as store:
         return store.readout == "argmax"
@@ -43,7 +43,7 @@ def shipped_model_stores(args) -> list[Path]:
 
 
 def _default_dir() -> Path:
-    from spdnn_mpi.paths import cache_dir
+    from spdnn_mpi.util.paths import cache_dir
 
     return cache_dir() / "bench"
 
@@ -83,8 +83,8 @@ def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
 
     from spdnn_mpi.engine import run_inference, time_inference
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.mlp import sparsity
-    from spdnn_mpi.formats.store import Store
+    from spdnn_mpi.formats.models.mlp import sparsity
+    from spdnn_mpi.formats.store.reader import Store
     from spdnn_mpi.readout import compare_predictions
 
     with Store(store_path) as store:
@@ -172,8 +172,8 @@ def failed(rows: list[dict]) -> bool:
 
 def plot(rows: list[dict], path: str | Path) -> None:
     """Speed-up over each peer and accuracy against sparsity, one PNG, written atomically."""
-    from spdnn_mpi.atomic import atomic_path
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.util.atomic import atomic_path
 
     try:
         import matplotlib

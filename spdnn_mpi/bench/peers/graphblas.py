@@ -23,7 +23,7 @@ GRAPHBLAS_BYTES_PER_ENTRY = 16
 
 def graphblas_memory_check(network: Network, rows: SparseRows) -> None:
     """Refuse before building anything when the peer cannot fit in host memory."""
-    from spdnn_mpi.memory import require
+    from spdnn_mpi.util.memory import require
 
     width = max(max(layer.n_in, layer.n_out) for layer in network.layers)
     require(GRAPHBLAS_BYTES_PER_ENTRY * rows.n_rows * width,

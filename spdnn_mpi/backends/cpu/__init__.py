@@ -1,0 +1,1 @@
+"""The CPU backend: fused numba kernels, parallel over cores."""

@@ -1,0 +1,1 @@
+"""The CUDA backend: hand-written kernels compiled through CuPy (imported lazily)."""

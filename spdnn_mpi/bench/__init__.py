@@ -1,0 +1,1 @@
+"""Benchmarking: the challenge and model suites, peers, floors, published anchors, plots."""

@@ -1,0 +1,1 @@
+"""Trained MLPs (ONNX, safetensors) read and imported into stores."""

@@ -1,0 +1,1 @@
+"""The HDF5 store: schema, reader with validation, atomic writer."""

@@ -1,0 +1,1 @@
+"""Official Sparse DNN Graph Challenge TSV files: reading, locating, writing, converting."""

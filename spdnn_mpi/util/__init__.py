@@ -1,0 +1,1 @@
+"""Small shared utilities: atomic writes, output checks, paths, memory, progress, caches."""
