@@ -11,7 +11,7 @@ This module holds what is backend-independent: the cadence (after which
 layers the engine asks the backend to look for duplicates) and the
 bookkeeping that maps the representatives' results back onto every image.
 A backend finds the groups itself, on its own device (see
-``engine.Backend.merge_duplicate_rows``), by a hash per row and then an exact
+``backends.base.Backend.merge_duplicate_rows``), by a hash per row and then an exact
 comparison inside each hash group, never trusting a hash alone.
 """
 

@@ -234,7 +234,7 @@ def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict
             visible = cupy.cuda.runtime.getDeviceCount()
             options["device"] = mpi.choose_gpu(node, local, visible, uuid_of,
                                                opts.oversubscribe_gpus)
-        else:
+        elif backend_name == "cpu":
             options["threads"] = mpi.cpu_threads_per_rank(node.local_size, opts.threads)
         backend = make_backend(backend_name, **options)
         backend.load_network(network.layers, progress=Progress(

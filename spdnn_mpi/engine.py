@@ -17,94 +17,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from spdnn_mpi.compression import COMPRESS_MODES, Compressor, RowGroups, is_checkpoint
+from spdnn_mpi.backends.base import Backend
+from spdnn_mpi.compression import COMPRESS_MODES, Compressor, is_checkpoint
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.model import Layer, Network, SparseRows
+from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.reference import droppable_after
-
-
-@dataclass
-class BatchResult:
-    """What a backend hands back after the last layer of one batch."""
-
-    alive_rows: np.ndarray  # 0-based positions in the batch, sorted
-    live_per_layer: list[int]  # live rows after each layer
-    layer_seconds: list[float] | None = None  # per-layer time, if the backend measures it
-    features: np.ndarray | None = None  # final rows of alive_rows, if asked for
-
-
-class Backend(Protocol):
-    """What the engine needs from a compute backend (CPU, CUDA, reference)."""
-
-    name: str
-    tile_rows: int  # rows computed as one unit (merging below this saves nothing)
-    #: fewest layers that must follow a checkpoint for the engine to look at it
-    #: (a look costs this backend about as much as that many small layers)
-    check_min_layers_left: int
-    #: rows of the untimed warm-up before timed runs (None: all of them, where
-    #: what is cached, such as CUDA graphs, depends on the batch's size)
-    warm_up_rows: int | None
-
-    def load_network(self, layers: Sequence[Layer], progress=None) -> None:
-        """Upload the weights and build the backend's layout (not timed as inference).
-
-        ``progress(layers done)`` may be called per layer where the build is long
-        (a ``progress.Progress``; the CUDA layout at large N).
-        """
-
-    def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
-        """Replace the current features with these input rows; optionally drop empty rows.
-
-        Uploading and densifying the inputs; may be asynchronous.
-        """
-
-    def synchronize(self) -> None:
-        """Wait until all queued work is done (no-op for synchronous backends)."""
-
-    def run_layer(self, k: int, drop_dead: bool) -> None:
-        """Apply 0-based layer ``k``; then drop all-zero rows if ``drop_dead``. May be async."""
-
-    def flush(self) -> None:
-        """Start the queued layers now, without waiting for them.
-
-        The engine calls it at every compression checkpoint where it does not
-        merge, so queued work is cut at the same layers in every run.
-        """
-
-    def check_pays(self, fall: float | None, held_values: int) -> bool:
-        """Whether a compression check is worth its cost now on this backend.
-
-        ``fall``: the live count's fall per layer since the last look (None at
-        the first); ``held_values``: rows x width held.
-        """
-
-    def merge_duplicate_rows(self) -> RowGroups:
-        """Keep one row per group of bit-identical rows held now; say who went where.
-
-        Groups are found on the backend's device: a hash per row, then an
-        exact comparison with the group's first row (a hash alone is never
-        trusted). Representatives keep their order.
-        """
-
-    def live_count(self) -> int:
-        """Rows alive now (may synchronise; for progress, and at due compression checks)."""
-
-    def finish(self, want_features: bool) -> BatchResult:
-        """Wait for the batch and return the surviving rows."""
-
-    def max_batch_rows(self, width: int) -> int | None:
-        """Most rows whose features fit this backend's memory at this width (None: no limit)."""
-
-    def release_buffers(self) -> None:
-        """Give back the batch's buffers (the network stays loaded), so a peer
-        measured beside us has the memory; the next ``load_features`` allocates anew."""
-
-    def describe(self) -> dict:
-        """Device, threads and layout facts for the report."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Compute backends behind the engine's small interface (see ``engine.Backend``).
+"""Compute backends behind the engine's small interface (``backends.base.Backend``).
 
 ``make_backend`` is the one place that picks and builds a backend, so the
 CLI, the benchmark and the MPI driver all choose the same way.
@@ -7,7 +7,9 @@ CLI, the benchmark and the MPI driver all choose the same way.
 from __future__ import annotations
 
 import importlib
+import inspect
 
+from spdnn_mpi.backends.base import Backend
 from spdnn_mpi.errors import SpdnnError
 
 #: name -> (module, class)
@@ -43,8 +45,14 @@ def resolve_backend_name(name: str) -> tuple[str, str]:
     return ("cuda", why) if ok else ("cpu", why)
 
 
-def make_backend(name: str, **options):
-    """Build the backend called ``name`` (after ``resolve_backend_name``)."""
+def make_backend(name: str, **options) -> Backend:
+    """Build the backend called ``name`` (after ``resolve_backend_name``); an option
+    its constructor does not take is an error, not silently ignored."""
     module_name, class_name = BACKENDS[name]
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)(**options)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    known = [p for p in inspect.signature(cls).parameters if p != "self"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise SpdnnError(f"backend {name} has no option {', '.join(map(repr, unknown))} "
+                         f"(it takes: {', '.join(known) or 'none'})")
+    return cls(**options)

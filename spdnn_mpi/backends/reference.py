@@ -9,18 +9,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.compression import RowGroups
-from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.model import Layer, SparseRows
 
 
-class ReferenceBackend:
+class ReferenceBackend(Backend):
+    """Plain scipy.sparse, one product per layer: what every fast path is tested against."""
+
     name = "reference"
     tile_rows = 1
-    check_min_layers_left = 1  # looks are free: merge wherever a layer follows
-    warm_up_rows = 512  # compiles nothing
 
-    def __init__(self, **_options) -> None:
+    def __init__(self) -> None:
         self._layers: list = []
 
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
@@ -34,9 +34,6 @@ class ReferenceBackend:
             self._pos, self._y = self._pos[keep], self._y[keep]
         self._live: list[int] = []
 
-    def synchronize(self) -> None:
-        """Nothing queued: every call runs to completion."""
-
     def run_layer(self, k: int, drop_dead: bool) -> None:
         wt, bias, layer = self._layers[k]
         z = np.asarray(wt @ self._y.T, dtype=np.float32).T + bias[None, :]
@@ -45,13 +42,6 @@ class ReferenceBackend:
         self._live.append(int(alive.sum()))
         if drop_dead:
             self._pos, self._y = self._pos[alive], self._y[alive]
-
-    def flush(self) -> None:
-        """Nothing queued: every call runs to completion."""
-
-    def check_pays(self, fall: float | None, held_values: int) -> bool:
-        """Always: the reference merges wherever the engine asks."""
-        return True
 
     def merge_duplicate_rows(self) -> RowGroups:
         """Plain and exact: ``np.unique`` over the rows' bit patterns, no hashing."""
@@ -80,9 +70,6 @@ class ReferenceBackend:
         """Drop the current features."""
         self._pos = np.zeros(0, dtype=np.int64)
         self._y = np.zeros((0, 0), dtype=np.float32)
-
-    def max_batch_rows(self, width: int) -> int | None:
-        return None
 
     def describe(self) -> dict:
         return {"backend": "reference", "library": "scipy.sparse"}

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.compression import RowGroups, fall_rule
-from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.model import Layer, SparseRows
 from spdnn_mpi.util.memory import available_bytes
 
@@ -39,17 +39,12 @@ def shared_inputs(layer: Layer) -> tuple | None:
     return None
 
 
-class CpuBackend:
-    name = "cpu"
-    check_min_layers_left = 1  # a look costs about a layer: wherever one follows
-    warm_up_rows = 512  # enough to compile the numba kernels
+class CpuBackend(Backend):
+    """Numba kernels over neuron-major tiles, parallel over the rank's threads."""
 
-    def __init__(
-        self, threads: int | None = None, memory_fraction: float = 0.5,
-        shared_sums: bool = True, **_options
-    ) -> None:
-        """``shared_sums``: uniform layers whose outputs share input lists add each
-        list once (``shared_inputs``; the same bits); False: every output on its own."""
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None, memory_fraction: float = 0.5) -> None:
         import numba
 
         from spdnn_mpi.backends.cpu import kernels as cpu_kernels
@@ -59,7 +54,6 @@ class CpuBackend:
             numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.threads = numba.get_num_threads()
         self._memory_fraction = memory_fraction
-        self._shared_sums = shared_sums
         self._layers: list[tuple] = []
         self.tile_rows = cpu_kernels.TILE_ROWS
         self._cur: np.ndarray | None = None
@@ -82,7 +76,7 @@ class CpuBackend:
                 np.float32(lay.floor),
                 np.float32(np.inf if lay.clip is None else lay.clip),
                 lay.n_out,
-                shared_inputs(lay) if self._shared_sums else None,
+                shared_inputs(lay),
             ))
             width = max(width, lay.n_in, lay.n_out)
         self.width = width
@@ -121,9 +115,6 @@ class CpuBackend:
         self._spare = np.empty(shape, dtype=np.float32)
         self._k.first_touch(self._spare)  # the cur buffer is touched by scatter_rows
         self._alive = np.zeros(n_tiles * self.tile_rows, dtype=np.bool_)
-
-    def synchronize(self) -> None:
-        """Nothing queued: every call runs to completion."""
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
         t0 = time.perf_counter()
@@ -165,9 +156,6 @@ class CpuBackend:
                 self._n_active = n_alive
                 self._n_tiles = (n_alive + self.tile_rows - 1) // self.tile_rows
                 self._alive[:n_alive] = True
-
-    def flush(self) -> None:
-        """Nothing queued: every call runs to completion."""
 
     def check_pays(self, fall: float | None, held_values: int) -> bool:
         """Once rows stop dying fast (``compression.fall_rule``, the CUDA backend's

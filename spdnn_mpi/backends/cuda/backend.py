@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda import push as cuda_push
 from spdnn_mpi.backends.cuda.compile import (  # noqa: F401 (import_cupy: used by callers)
@@ -40,7 +41,6 @@ from spdnn_mpi.backends.cuda.readback import (
     unpack_results,
 )
 from spdnn_mpi.compression import RowGroups, fall_rule
-from spdnn_mpi.engine import BatchResult
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
@@ -49,8 +49,8 @@ from spdnn_mpi.model import Layer, SparseRows
 P_BUFFERS, P_INPUTS, P_SIZE = 8, 8, 12
 
 
-class CudaBackend:
-    """The engine's backend on one NVIDIA GPU (see ``engine.Backend``)."""
+class CudaBackend(Backend):
+    """The engine's backend on one NVIDIA GPU (``backends.base.Backend``)."""
 
     name = "cuda"
     tile_rows = lay.TILE_ROWS
@@ -71,7 +71,6 @@ class CudaBackend:
         memory_fraction: float = 0.9,
         defines: dict[str, int] | None = None,
         graphs: bool = True,
-        **_options,
     ) -> None:
         lay.check_variant(variant)  # before CuPy, so a typo fails fast anywhere
         cp = import_cupy()

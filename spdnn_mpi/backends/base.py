@@ -1,0 +1,100 @@
+"""The interface between the engine's layer loop and a compute backend.
+
+A backend holds one network's layout and one batch of feature rows. The
+engine (``engine.run_inference``) calls, per batch: ``load_features``, then
+``run_layer`` for every layer (with ``merge_duplicate_rows`` or ``flush`` at
+compression checkpoints), then ``finish``. Subclasses write what they do;
+the defaults suit a backend that runs each call to completion on the host.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spdnn_mpi.compression import RowGroups
+from spdnn_mpi.model import Layer, SparseRows
+
+
+@dataclass
+class BatchResult:
+    """What a backend hands back after the last layer of one batch."""
+
+    alive_rows: np.ndarray  # 0-based positions in the batch, sorted
+    live_per_layer: list[int]  # live rows after each layer
+    layer_seconds: list[float] | None = None  # per-layer time, if the backend measures it
+    features: np.ndarray | None = None  # final rows of alive_rows, if asked for
+
+
+class Backend(ABC):
+    """A compute backend (CPU, CUDA, reference) as the engine sees it."""
+
+    name: str = ""
+    #: rows computed as one unit (merging below this saves nothing)
+    tile_rows: int = 1
+    #: fewest layers that must follow a checkpoint for the engine to look at it
+    #: (a look costs this backend about as much as that many small layers)
+    check_min_layers_left: int = 1
+    #: rows of the untimed warm-up before timed runs (None: all of them, where
+    #: what is cached, such as CUDA graphs, depends on the batch's size)
+    warm_up_rows: int | None = 512
+
+    @abstractmethod
+    def load_network(self, layers: Sequence[Layer],
+                     progress: Callable[[int], None] | None = None) -> None:
+        """Build the backend's layout of the weights (not timed as inference);
+        ``progress(layers done)`` where the build is long."""
+
+    @abstractmethod
+    def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
+        """Replace the current features with these input rows, optionally dropping
+        empty ones (uploading and densifying; may be asynchronous)."""
+
+    @abstractmethod
+    def run_layer(self, k: int, drop_dead: bool) -> None:
+        """Apply 0-based layer ``k``; then drop all-zero rows if ``drop_dead``. May be async."""
+
+    @abstractmethod
+    def merge_duplicate_rows(self) -> RowGroups:
+        """Keep one row per group of bit-identical rows held now; say who went where.
+
+        Groups are found by a hash per row and confirmed by an exact comparison
+        with the group's first row (a hash alone is never trusted).
+        Representatives keep their order.
+        """
+
+    @abstractmethod
+    def live_count(self) -> int:
+        """Rows alive now (may synchronise)."""
+
+    @abstractmethod
+    def finish(self, want_features: bool) -> BatchResult:
+        """Wait for the batch and return the surviving rows."""
+
+    def synchronize(self) -> None:  # noqa: B027 - a default, not abstract
+        """Wait until all queued work is done."""
+
+    def flush(self) -> None:  # noqa: B027 - a default, not abstract
+        """Start the queued layers now without waiting (called at every checkpoint
+        that does not merge, so queued work is cut at the same layers in every run)."""
+
+    def check_pays(self, fall: float | None, held_values: int) -> bool:
+        """Whether a compression check is worth its cost now (``fall``: the live
+        count's fall per layer since the last look, None at the first;
+        ``held_values``: rows x width held)."""
+        return True
+
+    def max_batch_rows(self, width: int) -> int | None:
+        """Most rows whose features fit this backend's memory at this width (None: no limit)."""
+        return None
+
+    def release_buffers(self) -> None:  # noqa: B027 - a default, not abstract
+        """Give back the batch's buffers (the network stays loaded), so a peer measured
+        beside us has the memory; the next ``load_features`` allocates anew."""
+
+    def describe(self) -> dict:
+        """Device, threads and layout facts for the report."""
+        return {"backend": self.name}
