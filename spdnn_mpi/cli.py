@@ -63,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from spdnn_mpi.comm import agree_on_command
+
     args = build_parser().parse_args(argv)
     try:
+        agree_on_command(args.command)
         return int(args._run(args) or 0)
     except SpdnnError as exc:
         if getattr(exc, "print_here", True):  # a RankFailure prints on its rank only

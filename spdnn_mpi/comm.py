@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from spdnn_mpi.errors import RankFailure, SpdnnError
+from spdnn_mpi.model import ACTIVATIONS, Layer
 
 T = TypeVar("T")
 
@@ -113,6 +114,28 @@ def world():
     return MPI.COMM_WORLD
 
 
+def agree_on_command(command: str) -> None:
+    """Under a launcher of several processes, stop every rank unless all run the same
+    subcommand (an MPMD launch gone wrong: a rank that runs ``info`` never joins the
+    collectives of one that runs ``infer``, which would wait forever)."""
+    launched = launched_processes()
+    if launched is None or launched[1] == 1:
+        return
+    try:
+        comm = world()
+    except SpdnnError:
+        if launched[1] is None:  # a launcher of unknown size and no MPI: run alone
+            return
+        raise
+    commands = comm.allgather(command)
+    for rank, theirs in enumerate(commands):
+        if theirs != commands[0]:
+            raise RankFailure(
+                f"rank 0 runs `spdnn {commands[0]}`, rank {rank} runs `spdnn {theirs}`; "
+                "every rank of one launch must run the same subcommand",
+                rank, comm.Get_rank() == 0)
+
+
 def check_agreement(comm, facts: dict[str, tuple[str, str]]) -> None:
     """Stop every rank when ranks were given different stores or options.
 
@@ -186,33 +209,33 @@ def cpu_threads_per_rank(local_size: int, requested: int | None) -> int:
     return max(1, cores // max(1, local_size))
 
 
-def choose_gpu(node: NodeInfo, local_comm, visible: int, uuid_of: Callable[[int], str],
-               oversubscribe: bool) -> int:
+def gpu_index(node: NodeInfo, visible: int, oversubscribe: bool) -> int:
     """The device index this rank uses, by its rank within the node.
 
     Honours CUDA_VISIBLE_DEVICES and schedulers that give each task its own
-    GPU (then every rank sees one device, index 0). Two ranks on one physical
-    GPU is an error unless ``oversubscribe``: detected by device UUID, so it
-    also catches a scheduler that hands every task the same card.
+    GPU (then every rank sees one device, index 0).
     """
     if visible < 1:
         raise SpdnnError("the CUDA backend was asked for but no GPU is visible")
     if visible >= node.local_size:
-        device = node.local_rank
-    elif visible == 1 or oversubscribe:
-        device = node.local_rank % visible
-    else:
-        raise SpdnnError(
-            f"{node.local_size} ranks on {node.hostname} but {visible} GPUs visible; "
-            "start one rank per GPU or pass --oversubscribe-gpus"
-        )
-    uuids = local_comm.allgather(uuid_of(device))
-    if len(set(uuids)) < len(uuids) and not oversubscribe:
+        return node.local_rank
+    if visible == 1 or oversubscribe:
+        return node.local_rank % visible
+    raise SpdnnError(
+        f"{node.local_size} ranks on {node.hostname} but {visible} GPUs visible; "
+        "start one rank per GPU or pass --oversubscribe-gpus"
+    )
+
+
+def check_gpu_sharing(node: NodeInfo, uuids: list[str], oversubscribe: bool) -> None:
+    """Two ranks of a node on one physical GPU (``uuids``: each node-local rank's) is
+    an error unless ``oversubscribe``; by UUID, so it also catches a scheduler that
+    hands every task the same card. Raised on the node's rank 0 only (one message)."""
+    if node.local_rank == 0 and len(set(uuids)) < len(uuids) and not oversubscribe:
         raise SpdnnError(
             f"{len(uuids)} ranks on {node.hostname} share {len(set(uuids))} GPU(s); "
             "start one rank per GPU or pass --oversubscribe-gpus"
         )
-    return device
 
 
 def checkpoint(comm, error: str | None) -> None:
@@ -299,3 +322,40 @@ def broadcast_arrays(comm, arrays: list[np.ndarray] | None, root: int = 0) -> li
             comm.Bcast(buf, root=root)
         out.append(buf)
     return out
+
+
+def broadcast_layers(comm, layers: list[Layer] | None, root: int = 0) -> list[Layer]:
+    """The network's layers from ``root`` to every rank of ``comm`` (the node's
+    reader shares what it read), array by array."""
+    count = comm.bcast(None if layers is None else len(layers), root=root)
+    out = []
+    for k in range(count):
+        arrays = layer_arrays(layers[k]) if comm.Get_rank() == root else None
+        out.append(layer_from_arrays(broadcast_arrays(comm, arrays, root)))
+    return out
+
+
+def layer_arrays(layer: Layer) -> list[np.ndarray]:
+    """A layer as plain arrays (shape and options in the first two) for sending."""
+    meta = np.array([layer.n_in, layer.n_out, layer.values is None, layer.bias_is_scalar,
+                     layer.clip is not None, ACTIVATIONS.index(layer.activation)],
+                    dtype=np.int64)
+    scalars = np.array([layer.uniform_value or 0.0, layer.bias if layer.bias_is_scalar else 0.0,
+                        layer.clip or 0.0], dtype=np.float64)
+    values = layer.values if layer.values is not None else np.zeros(0, np.float32)
+    bias = np.zeros(0, np.float32) if layer.bias_is_scalar else layer.bias
+    return [meta, scalars, layer.indptr, layer.indices, values, bias]
+
+
+def layer_from_arrays(a: list[np.ndarray]) -> Layer:
+    """The inverse of ``layer_arrays``."""
+    meta, scalars, indptr, indices, values, bias = a
+    n_in, n_out, uniform, scalar_bias, has_clip, activation = (int(x) for x in meta)
+    return Layer(
+        n_in, n_out, indptr, indices,
+        None if uniform else values,
+        float(scalars[0]) if uniform else None,
+        float(scalars[1]) if scalar_bias else bias,
+        float(scalars[2]) if has_clip else None,
+        ACTIVATIONS[activation],
+    )

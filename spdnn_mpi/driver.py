@@ -1,8 +1,17 @@
-"""One distributed inference run: load, infer, gather, check, report.
+"""One distributed inference run, as a few named steps.
 
 The same function serves one process and any number of MPI ranks: each rank
 reads its contiguous range of images and the (replicated) weights, runs the
 engine with no communication, and rank 0 gathers the surviving ids.
+
+    open_run -> agree -> read_rank_data -> share the weights -> set_up_backend
+    -> infer -> gather_report
+
+A step runs on every rank inside ``comm.run_phase``, so a failure on any rank
+stops every rank at the checkpoint that ends the step. Collectives (the
+agreement, the weights' broadcast, the GPU check, the gathers) happen only
+between steps, where every rank is known to have arrived: a rank that fails
+can never leave the others waiting in a broadcast.
 """
 
 from __future__ import annotations
@@ -15,12 +24,13 @@ import numpy as np
 
 from spdnn_mpi import comm as mpi
 from spdnn_mpi.backends import make_backend, resolve_backend_name
+from spdnn_mpi.backends.base import Backend
 from spdnn_mpi.engine import InferenceResult, run_inference
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.formats.store.reader import Store
-from spdnn_mpi.model import ACTIVATIONS, Layer, Network
+from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.readout import classes_of_rows
-from spdnn_mpi.report import edges_per_second, machine_info
+from spdnn_mpi.report import RunReport, merge_events
 from spdnn_mpi.util.memory import peak_host_bytes
 from spdnn_mpi.util.outputs import check_distinct, check_output
 from spdnn_mpi.util.progress import Progress
@@ -40,20 +50,49 @@ class RunOptions:
     weights_load: str = "node"  # "node": one reader per node, broadcast; "rank": every rank reads
     compress: str = "auto"  # "auto": merge bit-identical rows (exact); "off": compute every row
     progress: Callable[[int, int, int, float], None] | None = None
-    check: bool = False  # read the truth at the start; the report gets it as "_truth"
+    check: bool = False  # read the truth (or reference predictions) when the run starts
     out: str | None = None  # output paths rank 0 will write: checked before the run
     json: str | None = None
     emit: Callable[[str], None] | None = None  # rank 0's progress lines of the layout build
 
 
+@dataclass
+class RunPlan:
+    """What ``open_run`` settles on each rank before anything large is read."""
+
+    store: Store
+    n_layers: int
+    n_images: int
+    readout: str
+    bounds: np.ndarray | None  # partition of the images (None off rank 0 with --partition nnz)
+    facts: dict[str, tuple[str, str]]  # what every rank must agree on
+    truth: np.ndarray | None = None  # rank 0 with --check (alive stores)
+    reference: np.ndarray | None = None  # rank 0 with --check (argmax stores)
+    labels: np.ndarray | None = None  # rank 0, argmax stores run whole
+
+
+@dataclass
+class RankData:
+    """This rank's inputs and (where it reads them) the weights."""
+
+    rows: SparseRows
+    network: Network | None
+    start: int
+    stop: int
+    load_seconds: float
+    validate_seconds: float
+
+
 def check_options(opts: RunOptions) -> None:
     """Refuse option values that cannot make a run, before anything is read."""
-    if opts.layers is not None and opts.layers < 1:
-        raise SpdnnError(f"--layers {opts.layers}: must be at least 1")
-    if opts.batch is not None and opts.batch < 1:
-        raise SpdnnError(f"--batch {opts.batch}: must be at least 1")
-    if opts.threads is not None and opts.threads < 1:
-        raise SpdnnError(f"--threads {opts.threads}: must be at least 1")
+    for name in ("layers", "batch", "threads"):
+        value = getattr(opts, name)
+        if value is not None and value < 1:
+            raise SpdnnError(f"--{name} {value}: must be at least 1")
+    if opts.partition not in ("count", "nnz"):
+        raise SpdnnError(f"unknown --partition {opts.partition!r}; choose count or nnz")
+    if opts.weights_load not in ("node", "rank"):
+        raise SpdnnError(f"unknown --weights-load {opts.weights_load!r}; choose node or rank")
 
 
 def check_outputs(opts: RunOptions) -> None:
@@ -82,256 +121,189 @@ def agreement_facts(opts: RunOptions, store: Store) -> dict[str, tuple[str, str]
     return facts
 
 
-def compare_categories(ours: np.ndarray, truth: np.ndarray, show: int = 10) -> dict:
-    """Exact comparison of two sorted 1-based id lists, with the first differences."""
-    missing = np.setdiff1d(truth, ours)
-    extra = np.setdiff1d(ours, truth)
-    return {
-        "passed": bool(len(missing) == 0 and len(extra) == 0),
-        "expected_count": int(len(truth)),
-        "got_count": int(len(ours)),
-        "missing_first": missing[:show].tolist(),
-        "extra_first": extra[:show].tolist(),
-        "missing_count": int(len(missing)),
-        "extra_count": int(len(extra)),
-    }
+def open_run(opts: RunOptions, rank: int, size: int, opened: list[Store]) -> RunPlan:
+    """Step 1, on every rank: check the options, open the store, plan the partition;
+    rank 0 also checks the outputs and reads what the verdict is made against (now,
+    so a store replaced during the run cannot change it)."""
+    check_options(opts)
+    if rank == 0:
+        check_outputs(opts)
+    store = Store(opts.store)
+    opened.append(store)
+    n_layers = store.n_layers if opts.layers is None else opts.layers
+    if not 1 <= n_layers <= store.n_layers:
+        raise SpdnnError(f"{opts.store}: --layers {n_layers}, store has {store.n_layers}")
+    plan = RunPlan(store, n_layers, store.n_images, store.readout, None,
+                   agreement_facts(opts, store))
+    if rank == 0:
+        if store.readout == "argmax":
+            if n_layers == store.n_layers:  # labels score the whole network's outputs only
+                plan.labels = store.labels()
+            if opts.check:
+                plan.reference = store.predictions(n_layers)
+                if plan.reference is None:
+                    raise SpdnnError(
+                        f"{opts.store}: no reference predictions stored for {n_layers} layers "
+                        f"(stored: {store.prediction_layers() or 'none'}); run without --check")
+        elif opts.check:
+            plan.truth = store.truth(n_layers)
+            if plan.truth is None:
+                raise SpdnnError(
+                    f"{opts.store}: no truth stored for {n_layers} layers "
+                    f"(stored: {store.truth_layers() or 'none'}); run without --check")
+    if opts.partition == "count":
+        plan.bounds = mpi.partition(plan.n_images, size)
+    elif rank == 0:
+        plan.bounds = mpi.partition(plan.n_images, size, store.input_row_nnz())
+    return plan
 
 
-def merge_events(batches: list[list[dict]]) -> list[dict]:
-    """Checks of every batch on every rank, summed per layer (rows, representatives, images)."""
-    by_layer: dict[int, dict] = {}
-    for events in batches:
-        for e in events:
-            acc = by_layer.setdefault(e["layer"], {"layer": e["layer"], "rows": 0,
-                                                   "representatives": 0, "images": 0,
-                                                   "batches": 0})
-            for key in ("rows", "representatives", "images"):
-                acc[key] += e[key]
-            acc["batches"] += 1
-    return [by_layer[k] for k in sorted(by_layer)]
+def read_rank_data(plan: RunPlan, bounds: np.ndarray, rank: int, reads_weights: bool) -> RankData:
+    """Step 2, on every rank: its own images and, where ``reads_weights``, the network."""
+    t0 = time.perf_counter()
+    checked_before = plan.store.validate_seconds
+    start, stop = (int(x) for x in bounds[rank : rank + 2])
+    rows = plan.store.inputs(start, stop)
+    network = plan.store.network(plan.n_layers) if reads_weights else None
+    return RankData(rows, network, start, stop, time.perf_counter() - t0,
+                    plan.store.validate_seconds - checked_before)
 
 
-def _layer_arrays(layer: Layer) -> list[np.ndarray]:
-    meta = np.array([layer.n_in, layer.n_out, layer.values is None, layer.bias_is_scalar,
-                     layer.clip is not None, ACTIVATIONS.index(layer.activation)],
-                    dtype=np.int64)
-    scalars = np.array([layer.uniform_value or 0.0, layer.bias if layer.bias_is_scalar else 0.0,
-                        layer.clip or 0.0], dtype=np.float64)
-    values = layer.values if layer.values is not None else np.zeros(0, np.float32)
-    bias = np.zeros(0, np.float32) if layer.bias_is_scalar else layer.bias
-    return [meta, scalars, layer.indptr, layer.indices, values, bias]
+def device_option(backend_name: str, node: mpi.NodeInfo, opts: RunOptions) -> dict:
+    """The backend's placement option on this rank: its GPU index, or its CPU threads."""
+    if backend_name == "cuda":
+        from spdnn_mpi.backends.cuda.compile import import_cupy
+
+        cupy = import_cupy()  # a clear install hint where CuPy is missing
+        visible = cupy.cuda.runtime.getDeviceCount()
+        return {"device": mpi.gpu_index(node, visible, opts.oversubscribe_gpus)}
+    if backend_name == "cpu":
+        return {"threads": mpi.cpu_threads_per_rank(node.local_size, opts.threads)}
+    return {}
 
 
-def _layer_from_arrays(a: list[np.ndarray]) -> Layer:
-    meta, scalars, indptr, indices, values, bias = a
-    n_in, n_out, uniform, scalar_bias, has_clip, activation = (int(x) for x in meta)
-    return Layer(
-        n_in, n_out, indptr, indices,
-        None if uniform else values,
-        float(scalars[0]) if uniform else None,
-        float(scalars[1]) if scalar_bias else bias,
-        float(scalars[2]) if has_clip else None,
-        ACTIVATIONS[activation],
-    )
+def gpu_uuid(device: int) -> str:
+    """The physical identity of a visible GPU (two ranks with one UUID share a card)."""
+    from spdnn_mpi.backends.cuda.compile import import_cupy
+
+    props = import_cupy().cuda.runtime.getDeviceProperties(device)
+    return bytes(props.get("uuid", b"")).hex() or f"index-{device}"
 
 
-def load_network(local_comm, store: Store, n_layers: int, mode: str) -> Network:
-    """The network on every rank: read by each rank, or once per node and broadcast."""
-    if mode == "rank" or local_comm.Get_size() == 1:
-        return store.network(n_layers)
-    if mode != "node":
-        raise SpdnnError(f"unknown --weights-load {mode!r}; choose node or rank")
-    net = store.network(n_layers) if local_comm.Get_rank() == 0 else None
-    layers = []
-    for k in range(n_layers):
-        arrays = _layer_arrays(net.layers[k]) if net is not None else None
-        layers.append(_layer_from_arrays(mpi.broadcast_arrays(local_comm, arrays)))
-    return Network(layers, store.provenance, store.readout)
+def set_up_backend(backend_name: str, options: dict, plan: RunPlan, data: RankData,
+                   opts: RunOptions, emit: Callable[[str], None] | None) -> Backend:
+    """Step 4, on every rank: build the backend, lay out the network, warm up.
+
+    The untimed warm-up on a few rows keeps kernel compilation and CUDA graph
+    capture in set-up (reported as layout time), not in inference.
+    """
+    backend = make_backend(backend_name, **options)
+    backend.load_network(data.network.layers, progress=Progress("layout", plan.n_layers, emit))
+    run_inference(data.network, data.rows.slice(0, min(data.rows.n_rows, 64)), backend,
+                  batch=opts.batch, compress=opts.compress)
+    return backend
 
 
-def distributed_infer(comm, opts: RunOptions) -> dict | None:
+def distributed_infer(comm, opts: RunOptions) -> RunReport | None:
     """Run inference across ``comm``; rank 0 returns the report (others None).
 
-    Any rank's failure in a phase stops every rank with that rank's message.
+    Any rank's failure in a step stops every rank with that rank's message.
     """
     node, local = mpi.node_info(comm)
-    state: dict = {}
+    opened: list[Store] = []
     try:
-        return _distributed_infer(comm, local, node, opts, state)
+        return _run_steps(comm, node, local, opts, opened)
     finally:
-        if "store" in state:
-            state["store"].close()
+        for store in opened:
+            store.close()
         local.Free()
 
 
-def _distributed_infer(comm, local, node, opts: RunOptions, state: dict) -> dict | None:
+def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
+               opened: list[Store]) -> RunReport | None:
     rank, size = comm.Get_rank(), comm.Get_size()
     backend_name, why = resolve_backend_name(opts.backend)
-
-    def load() -> None:
-        check_options(opts)
-        if rank == 0:
-            check_outputs(opts)
-        store = Store(opts.store)
-        state["store"] = store
-        n_layers = store.n_layers if opts.layers is None else opts.layers
-        if not 1 <= n_layers <= store.n_layers:
-            raise SpdnnError(f"{opts.store}: --layers {n_layers}, store has {store.n_layers}")
-        n_images = store.n_images
-        if store.readout == "argmax" and rank == 0:
-            # read now, like the truth: reference predictions and, for the whole
-            # network, the labels (they score its outputs only)
-            if n_layers == store.n_layers:
-                state["labels"] = store.labels()
-            if opts.check:
-                state["reference"] = store.predictions(n_layers)
-                if state["reference"] is None:
-                    raise SpdnnError(
-                        f"{opts.store}: no reference predictions stored for {n_layers} "
-                        f"layers (stored: {store.prediction_layers() or 'none'}); run "
-                        "without --check")
-        elif opts.check and rank == 0:
-            # read now: a store replaced during the run must not change the verdict
-            state["truth"] = store.truth(n_layers)
-            if state["truth"] is None:
-                raise SpdnnError(
-                    f"{opts.store}: no truth stored for {n_layers} layers "
-                    f"(stored: {store.truth_layers() or 'none'}); run without --check"
-                )
-        if opts.partition == "nnz":
-            weights = store.input_row_nnz() if rank == 0 else None
-            bounds = mpi.partition(n_images, size, weights) if rank == 0 else None
-        elif opts.partition == "count":
-            bounds = mpi.partition(n_images, size)
-        else:
-            raise SpdnnError(f"unknown --partition {opts.partition!r}; choose count or nnz")
-        state.update(n_layers=n_layers, n_images=n_images, bounds=bounds,
-                     facts=agreement_facts(opts, store), readout=store.readout)
-
-    mpi.run_phase(comm, load)
-    mpi.check_agreement(comm, state["facts"])
-    state["bounds"] = comm.bcast(state["bounds"], root=0)
-
-    def setup() -> None:
+    plan: RunPlan = mpi.run_phase(comm, lambda: open_run(opts, rank, size, opened))
+    mpi.check_agreement(comm, plan.facts)
+    bounds = comm.bcast(plan.bounds, root=0)
+    share = opts.weights_load == "node" and local.Get_size() > 1
+    reads = not share or local.Get_rank() == 0
+    data: RankData = mpi.run_phase(comm, lambda: read_rank_data(plan, bounds, rank, reads))
+    if share:
         t0 = time.perf_counter()
-        store: Store = state["store"]
-        checked_before = store.validate_seconds
-        start, stop = (int(x) for x in state["bounds"][rank : rank + 2])
-        rows = store.inputs(start, stop)
-        network = load_network(local, store, state["n_layers"], opts.weights_load)
-        t1 = time.perf_counter()
-        state["validate_seconds"] = store.validate_seconds - checked_before
-        options: dict = {}
-        if backend_name == "cuda":
-            from spdnn_mpi.backends.cuda.backend import import_cupy
+        layers = mpi.broadcast_layers(local, data.network.layers if reads else None)
+        data.network = Network(layers, plan.store.provenance, plan.store.readout)
+        data.load_seconds += time.perf_counter() - t0
 
-            cupy = import_cupy()  # a clear install hint where CuPy is missing
+    t0 = time.perf_counter()
+    options = mpi.run_phase(comm, lambda: device_option(backend_name, node, opts))
+    if "device" in options:
+        uuids = local.allgather(mpi.run_phase(comm, lambda: gpu_uuid(options["device"])))
+        mpi.run_phase(comm, lambda: mpi.check_gpu_sharing(node, uuids, opts.oversubscribe_gpus))
+    backend = mpi.run_phase(comm, lambda: set_up_backend(
+        backend_name, options, plan, data, opts, opts.emit if rank == 0 else None))
+    layout_seconds = time.perf_counter() - t0
 
-            def uuid_of(dev: int) -> str:
-                props = cupy.cuda.runtime.getDeviceProperties(dev)
-                return bytes(props.get("uuid", b"")).hex() or f"index-{dev}"
+    argmax = plan.readout == "argmax"
 
-            visible = cupy.cuda.runtime.getDeviceCount()
-            options["device"] = mpi.choose_gpu(node, local, visible, uuid_of,
-                                               opts.oversubscribe_gpus)
-        elif backend_name == "cpu":
-            options["threads"] = mpi.cpu_threads_per_rank(node.local_size, opts.threads)
-        backend = make_backend(backend_name, **options)
-        backend.load_network(network.layers, progress=Progress(
-            "layout", state["n_layers"], opts.emit if rank == 0 else None))
-        # Untimed warm-up on a few rows: kernel compilation and CUDA graph capture
-        # belong to set-up (reported as layout time), not to inference.
-        run_inference(network, rows.slice(0, min(rows.n_rows, 64)), backend, batch=opts.batch,
-                      compress=opts.compress)
-        t2 = time.perf_counter()
-        state.update(rows=rows, network=network, backend=backend, start=start, stop=stop,
-                     load_seconds=t1 - t0, layout_seconds=t2 - t1)
+    def infer() -> tuple[InferenceResult, np.ndarray | None]:
+        result = run_inference(data.network, data.rows, backend, batch=opts.batch,
+                               want_features=argmax,
+                               progress=opts.progress if rank == 0 else None,
+                               compress=opts.compress)
+        classes = (classes_of_rows(data.stop - data.start, result.alive_ids - data.start,
+                                   result.features) if argmax else None)
+        return result, classes
 
-    mpi.run_phase(comm, setup)
+    result, classes = mpi.run_phase(comm, infer)
+    plan.store.close()
+    return gather_report(comm, node, backend_name, why, opts, plan, data, backend, result,
+                         classes, layout_seconds)
 
-    argmax = state["readout"] == "argmax"
 
-    def infer() -> InferenceResult:
-        return run_inference(state["network"], state["rows"], state["backend"],
-                             batch=opts.batch, want_features=argmax,
-                             progress=opts.progress if rank == 0 else None,
-                             compress=opts.compress)
-
-    result: InferenceResult = mpi.run_phase(comm, infer)
-    state["store"].close()
-
+def gather_report(comm, node: mpi.NodeInfo, backend_name: str, why: str, opts: RunOptions,
+                  plan: RunPlan, data: RankData, backend: Backend, result: InferenceResult,
+                  classes: np.ndarray | None, layout_seconds: float) -> RunReport | None:
+    """Last step: every rank's ids (and classes) and facts to rank 0, which builds the report."""
     ids = mpi.gather_ids(comm, result.alive_ids)
-    classes = None
-    if argmax:  # one class per image; ranks hold contiguous ranges, gathered in rank order
-        mine = classes_of_rows(state["stop"] - state["start"],
-                               result.alive_ids - state["start"], result.features)
-        classes = mpi.gather_ids(comm, mine)
+    # ranks hold contiguous ranges: classes gathered in rank order are in image order
+    predictions = mpi.gather_ids(comm, classes) if classes is not None else None
     live = mpi.sum_to_root(comm, result.live_per_layer)
     per_rank = comm.gather({
-        "rank": rank,
+        "rank": comm.Get_rank(),
         "host": node.hostname,
         "local_rank": node.local_rank,
-        "images": state["stop"] - state["start"],
-        "first_image": state["start"],
-        "input_nnz": state["rows"].nnz,
-        "load_seconds": state["load_seconds"],
-        "validate_seconds": state["validate_seconds"],
-        "layout_seconds": state["layout_seconds"],
+        "images": data.stop - data.start,
+        "first_image": data.start,
+        "input_nnz": data.rows.nnz,
+        "load_seconds": data.load_seconds,
+        "validate_seconds": data.validate_seconds,
+        "layout_seconds": layout_seconds,
         "inference_seconds": result.seconds,
         "input_seconds": result.input_seconds,
         "alive_at_end": int(len(result.alive_ids)),
-        "computed_edges": result.computed_edges(state["network"]),
+        "computed_edges": result.computed_edges(data.network),
         "compression": result.compression,
         "batches": result.batches,
-        "backend": state["backend"].describe(),
+        "backend": backend.describe(),
         **peak_host_bytes(),
     }, root=0)
-    if rank != 0:
+    if comm.Get_rank() != 0:
         return None
-
-    network: Network = state["network"]
-    n_images = state["n_images"]
-    edges = network.edges()
+    network = data.network
     times = np.array([r["inference_seconds"] for r in per_rank])
-    slowest = float(times.max())
-    categories = np.sort(ids) + 1
-    eps = edges_per_second(n_images, edges, slowest)
-    computed = sum(r["computed_edges"] for r in per_rank)
-    computed_eps = computed / slowest if slowest > 0 else float("inf")
-    return {
-        "store": str(opts.store),
-        "n_layers": state["n_layers"],
-        "neurons": network.n_inputs,
-        "n_images": n_images,
-        "edges_per_image": edges,
-        "backend": backend_name,
-        "backend_choice": why,
-        "ranks": size,
-        "partition": opts.partition,
-        "inference_seconds": slowest,
-        "edges_per_second": eps,
-        "teraedges_per_second": eps / 1e12,
-        "compress": opts.compress,
-        "computed_edges": computed,
-        "computed_edges_per_second": computed_eps,
-        "computed_teraedges_per_second": computed_eps / 1e12,
-        "compression": merge_events([b for r in per_rank for b in r["compression"]]),
-        "input_seconds": max(r["input_seconds"] for r in per_rank),
-        "load_seconds": max(r["load_seconds"] for r in per_rank),
-        "validate_seconds": max(r["validate_seconds"] for r in per_rank),
-        "layout_seconds": max(r["layout_seconds"] for r in per_rank),
-        "peak_host_bytes": max(r["peak_host_bytes"] for r in per_rank),
-        "peak_children_bytes": max(r["peak_children_bytes"] for r in per_rank),
-        "imbalance": float(slowest / times.mean()) if times.mean() > 0 else 1.0,
-        "live_rows_per_layer": live.tolist(),
-        "layer_seconds": None if result.layer_seconds is None else result.layer_seconds.tolist(),
-        "categories_count": int(len(categories)),
-        "readout": state["readout"],
-        "per_rank": per_rank,
-        "machine": machine_info(),
-        "_categories": categories,
-        "_truth": state.get("truth"),
-        "_predictions": classes,
-        "_reference": state.get("reference"),
-        "_labels": state.get("labels"),
-    }
+    return RunReport(
+        store=str(opts.store), n_layers=plan.n_layers, layer_widths=network.widths(),
+        n_images=plan.n_images, edges_per_image=network.edges(), backend=backend_name,
+        backend_choice=why, ranks=comm.Get_size(), partition=opts.partition,
+        compress=opts.compress, readout=plan.readout,
+        inference_seconds=float(times.max()),
+        imbalance=float(times.max() / times.mean()) if times.mean() > 0 else 1.0,
+        computed_edges=sum(r["computed_edges"] for r in per_rank),
+        live_rows_per_layer=live.tolist(),
+        layer_seconds=None if result.layer_seconds is None else result.layer_seconds.tolist(),
+        compression=merge_events([b for r in per_rank for b in r["compression"]]),
+        per_rank=per_rank,
+        categories=np.sort(ids) + 1, truth=plan.truth, predictions=predictions,
+        reference=plan.reference, labels=plan.labels,
+    )

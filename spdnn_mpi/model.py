@@ -199,6 +199,10 @@ class Network:
     def n_inputs(self) -> int:
         return self.layers[0].n_in
 
+    def widths(self) -> list[int]:
+        """Neurons of each level: the inputs, then every layer's outputs."""
+        return [self.n_inputs] + [layer.n_out for layer in self.layers]
+
     def edges(self, n_layers: int | None = None) -> int:
         """Sum of nnz(W_l) over the first ``n_layers`` layers."""
         return sum(layer.nnz for layer in self.layers[: n_layers or len(self.layers)])

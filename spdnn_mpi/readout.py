@@ -1,8 +1,9 @@
-"""The argmax readout: one predicted class per image, compared and scored.
+"""What a run reports, compared and scored: categories or one class per image.
 
 A network's ``readout`` says what a run reports (``model.READOUTS``): the
-challenge's categories (``alive``), or for classifiers (``argmax``) the index
-of the largest final feature of every image. Ties go to the lowest index, as
+challenge's categories (``alive``: ids of the images whose final row has a
+nonzero), or for classifiers (``argmax``) the index of the largest final
+feature of every image. Ties go to the lowest index, as
 in ``numpy.argmax`` and ONNX ArgMax. Rows without final features (dropped as
 dead, or all zero at the end) are all-zero rows, whose class is 0.
 """
@@ -10,6 +11,21 @@ dead, or all zero at the end) are all-zero rows, whose class is 0.
 from __future__ import annotations
 
 import numpy as np
+
+
+def compare_categories(ours: np.ndarray, truth: np.ndarray, show: int = 10) -> dict:
+    """Exact comparison of two sorted 1-based id lists, with the first differences."""
+    missing = np.setdiff1d(truth, ours)
+    extra = np.setdiff1d(ours, truth)
+    return {
+        "passed": bool(len(missing) == 0 and len(extra) == 0),
+        "expected_count": int(len(truth)),
+        "got_count": int(len(ours)),
+        "missing_first": missing[:show].tolist(),
+        "extra_first": extra[:show].tolist(),
+        "missing_count": int(len(missing)),
+        "extra_count": int(len(extra)),
+    }
 
 
 def classes_of_rows(n_rows: int, positions: np.ndarray, features: np.ndarray) -> np.ndarray:

@@ -6,7 +6,10 @@ import json
 import os
 import platform
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from spdnn_mpi.util.atomic import write_text_atomic
 
@@ -73,3 +76,91 @@ def _fmt(value) -> str:
             return f"{value:.3e}"
         return f"{value:.3f}"
     return "-" if value is None else str(value)
+
+
+def merge_events(batches: list[list[dict]]) -> list[dict]:
+    """Compression checks of every batch on every rank, summed per layer (rows,
+    representatives, images)."""
+    by_layer: dict[int, dict] = {}
+    for events in batches:
+        for e in events:
+            acc = by_layer.setdefault(e["layer"], {"layer": e["layer"], "rows": 0,
+                                                   "representatives": 0, "images": 0,
+                                                   "batches": 0})
+            for key in ("rows", "representatives", "images"):
+                acc[key] += e[key]
+            acc["batches"] += 1
+    return [by_layer[k] for k in sorted(by_layer)]
+
+
+@dataclass
+class RunReport:
+    """What one distributed run produced, on rank 0: facts for the JSON report and the
+    arrays the verdict is made from (not written to the JSON)."""
+
+    store: str
+    n_layers: int
+    layer_widths: list[int]  # inputs, then each layer's outputs
+    n_images: int
+    edges_per_image: int
+    backend: str
+    backend_choice: str  # why this backend (asked for, or what auto found)
+    ranks: int
+    partition: str
+    compress: str
+    readout: str
+    inference_seconds: float  # the slowest rank's
+    imbalance: float  # slowest over mean rank
+    computed_edges: int  # edges actually multiplied, all ranks
+    live_rows_per_layer: list[int]
+    layer_seconds: list[float] | None  # rank 0's, where its backend times layers
+    compression: list[dict]
+    per_rank: list[dict]
+    categories: np.ndarray  # sorted 1-based ids alive at the end
+    truth: np.ndarray | None = None  # read at the start with --check (alive stores)
+    predictions: np.ndarray | None = None  # one class per image (argmax stores)
+    reference: np.ndarray | None = None  # stored reference predictions (--check)
+    labels: np.ndarray | None = None  # stored labels (argmax stores run whole)
+    check: dict | None = None  # set by the command once it compared
+    accuracy: dict | None = None
+    machine: dict = field(default_factory=machine_info)
+
+    @property
+    def edges_per_second(self) -> float:
+        """The challenge's nominal figure of merit over the slowest rank."""
+        return edges_per_second(self.n_images, self.edges_per_image, self.inference_seconds)
+
+    @property
+    def computed_edges_per_second(self) -> float:
+        s = self.inference_seconds
+        return self.computed_edges / s if s > 0 else float("inf")
+
+    def _max(self, key: str):
+        return max(r[key] for r in self.per_rank)
+
+    def to_json(self) -> dict:
+        """The report as written by ``--json`` (and read by the text summary)."""
+        out = {
+            "store": self.store, "n_layers": self.n_layers, "layer_widths": self.layer_widths,
+            "neurons": self.layer_widths[0], "n_images": self.n_images,
+            "edges_per_image": self.edges_per_image, "backend": self.backend,
+            "backend_choice": self.backend_choice, "ranks": self.ranks,
+            "partition": self.partition, "compress": self.compress, "readout": self.readout,
+            "inference_seconds": self.inference_seconds,
+            "edges_per_second": self.edges_per_second,
+            "teraedges_per_second": self.edges_per_second / 1e12,
+            "computed_edges": self.computed_edges,
+            "computed_edges_per_second": self.computed_edges_per_second,
+            "computed_teraedges_per_second": self.computed_edges_per_second / 1e12,
+            "compression": self.compression, "imbalance": self.imbalance,
+            "live_rows_per_layer": self.live_rows_per_layer, "layer_seconds": self.layer_seconds,
+            "categories_count": int(len(self.categories)), "per_rank": self.per_rank,
+            "machine": self.machine,
+        }
+        for key in ("input_seconds", "load_seconds", "validate_seconds", "layout_seconds",
+                    "peak_host_bytes", "peak_children_bytes"):
+            out[key] = self._max(key)
+        for key in ("check", "accuracy"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out

@@ -155,3 +155,55 @@ def test_copies_of_one_store_agree(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     np.testing.assert_array_equal(np.loadtxt(tmp_path / "c.tsv", dtype=np.int64), expected)
+
+
+def _damage(path, what: str) -> None:
+    """One out-of-range entry: in the last layer's weights, rank 0's inputs, or the truth."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        if what == "weights":
+            f["network/l00004/indices"][3] = 48  # the layers are 48 wide
+        elif what == "inputs":
+            f["inputs/indices"][0] = 48
+        else:
+            f["truth/l4"][0] = 10**6  # beyond the 301 images
+
+
+@pytest.mark.parametrize("load", ["node", "rank"])
+@pytest.mark.parametrize("what", ["weights", "inputs", "truth"])
+def test_a_damaged_store_ends_every_rank_with_one_message(tmp_path, what, load):
+    """Before: with --weights-load node the reading rank raised before the weights'
+    broadcast while the others waited in it, and every rank hung."""
+    mpiexec = _mpiexec()
+    write_store(tmp_path / "s.h5")
+    _damage(tmp_path / "s.h5", what)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for ranks in (2, 3):
+        t0 = time.monotonic()
+        proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "spdnn_mpi",
+                               "infer", str(tmp_path / "s.h5"), "--backend", "cpu",
+                               "--threads", "1", "--quiet", "--check", "--weights-load", load],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "s.h5" in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert time.monotonic() - t0 < 30
+
+
+def test_ranks_running_different_subcommands_stop(tmp_path):
+    """An MPMD launch with `infer` on one rank and `info` on the other: before, rank 0
+    waited forever for a rank that never joined."""
+    mpiexec = _mpiexec()
+    write_store(tmp_path / "s.h5")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    spdnn = [sys.executable, "-m", "spdnn_mpi"]
+    proc = subprocess.run([mpiexec, "-n", "1", *spdnn, "infer", str(tmp_path / "s.h5"),
+                           "--backend", "cpu", "--quiet", ":", "-n", "1", *spdnn, "info",
+                           str(tmp_path / "s.h5")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    assert "rank 0 runs `spdnn infer`, rank 1 runs `spdnn info`" in errors[0]

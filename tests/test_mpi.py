@@ -46,13 +46,13 @@ def test_categories_equal_single_process(comm, tmp_path_factory, partition, back
                                                 partition=partition, threads=1))
     if comm.Get_rank() == 0:
         assert 0 < len(expected) < 301
-        np.testing.assert_array_equal(report["_categories"], expected)
-        assert report["ranks"] == comm.Get_size()
-        firsts = [r["first_image"] for r in report["per_rank"]]
-        sizes = [r["images"] for r in report["per_rank"]]
+        np.testing.assert_array_equal(report.categories, expected)
+        assert report.ranks == comm.Get_size()
+        firsts = [r["first_image"] for r in report.per_rank]
+        sizes = [r["images"] for r in report.per_rank]
         assert firsts == sorted(firsts) and sum(sizes) == 301
         assert all(f + s == nf for f, s, nf in zip(firsts, sizes, firsts[1:] + [301]))
-        assert report["imbalance"] >= 1.0
+        assert report.imbalance >= 1.0
     else:
         assert report is None
 
@@ -61,7 +61,7 @@ def test_ranks_with_zero_images(comm, tmp_path_factory):
     path, expected = make_store(comm, tmp_path_factory, 2, seed=5)
     report = distributed_infer(comm, RunOptions(store=path, backend="cpu", threads=1))
     if comm.Get_rank() == 0:
-        np.testing.assert_array_equal(report["_categories"], expected)
+        np.testing.assert_array_equal(report.categories, expected)
 
 
 def test_weights_read_per_rank_or_per_node_agree(comm, tmp_path_factory):
@@ -70,7 +70,7 @@ def test_weights_read_per_rank_or_per_node_agree(comm, tmp_path_factory):
         report = distributed_infer(comm, RunOptions(store=path, backend="cpu", threads=1,
                                                     weights_load=mode))
         if comm.Get_rank() == 0:
-            np.testing.assert_array_equal(report["_categories"], expected)
+            np.testing.assert_array_equal(report.categories, expected)
 
 
 def test_one_failing_rank_stops_every_rank(comm, tmp_path_factory):
@@ -111,14 +111,14 @@ def test_compression_on_every_rank_matches_off(comm, tmp_path_factory, backend):
     if comm.Get_rank() == 0:
         assert 0 < len(expected) < 210
         for report in reports.values():
-            np.testing.assert_array_equal(report["_categories"], expected)
-        events = reports["auto"]["compression"]
+            np.testing.assert_array_equal(report.categories, expected)
+        events = reports["auto"].compression
         # the reference merges at the first checkpoint; the cpu backend (fall_rule)
         # takes its baseline there and merges once rows stop dying fast
         first = 1 if backend == "reference" else 2
         assert events[0]["layer"] == first
         assert events[0]["representatives"] < events[0]["rows"]
-        assert reports["auto"]["computed_edges"] < reports["off"]["computed_edges"]
+        assert reports["auto"].computed_edges < reports["off"].computed_edges
 
 
 def test_ranks_given_different_options_stop_together(comm, tmp_path_factory):
@@ -127,7 +127,7 @@ def test_ranks_given_different_options_stop_together(comm, tmp_path_factory):
     opts = RunOptions(store=path, backend="cpu", threads=1, layers=layers)
     if comm.Get_size() == 1:  # one rank always agrees with itself
         report = distributed_infer(comm, opts)
-        np.testing.assert_array_equal(report["_categories"], expected)
+        np.testing.assert_array_equal(report.categories, expected)
         return
     with pytest.raises(SpdnnError, match="ranks disagree on --layers: rank 0 has --layers 4, "
                                          "rank 1 has --layers 3"):

@@ -225,7 +225,7 @@ def mode_names(choice: str) -> list[str]:
 def check_row(ours: np.ndarray, truth: np.ndarray | None, truth_by: str | None,
               others: dict[str, np.ndarray]) -> dict | None:
     """Full-list check of one mode: against the truth, else the first other result given."""
-    from spdnn_mpi.driver import compare_categories
+    from spdnn_mpi.readout import compare_categories
 
     if truth is not None:
         return {"against": f"truth ({truth_by})", **compare_categories(ours, np.asarray(truth))}
@@ -238,10 +238,9 @@ def time_mode(args, network, rows, backend, mode: str, set_up_seconds: float) ->
     """Median of --repeat timed runs in one compression mode, plus its end-to-end time."""
     import tempfile
 
-    from spdnn_mpi.driver import merge_events
     from spdnn_mpi.engine import time_inference
     from spdnn_mpi.formats.tsv.write import write_categories
-    from spdnn_mpi.report import edges_per_second
+    from spdnn_mpi.report import edges_per_second, merge_events
 
     median, times, res = time_inference(network, rows, backend, args.repeat, args.batch,
                                         compress=mode)
@@ -290,9 +289,9 @@ def simulate_ranks(args, network, rows, backend, mode: str, median: float, ranks
 def bench_case(args, store_path: Path, n_layers: int | None, backend, backend_name: str) -> dict:
     from spdnn_mpi.bench import plot as bench_plot
     from spdnn_mpi.bench.anchors import anchors_for
-    from spdnn_mpi.driver import compare_categories
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.store.reader import Store
+    from spdnn_mpi.readout import compare_categories
     from spdnn_mpi.report import edges_per_second
     from spdnn_mpi.util.memory import peak_host_bytes
     from spdnn_mpi.util.progress import Progress

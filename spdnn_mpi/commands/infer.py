@@ -116,14 +116,23 @@ def machine_line(report: dict) -> str:
             f"{m.get('cpu_count', '?')} cores{thread_note}{device}, Python {m.get('python', '?')}")
 
 
+def network_line(report: dict) -> str:
+    """The network's shape: N neurons x L layers where every level is N wide, else the
+    widths of every level (784-1024-1024-10)."""
+    widths = report.get("layer_widths") or [report["neurons"]]
+    if len(set(widths)) == 1:
+        shape = f"{widths[0]} neurons x {report['n_layers']} layers"
+    else:
+        shape = f"{'-'.join(map(str, widths))} ({report['n_layers']} layers)"
+    return f"network     {shape}, {report['n_images']} images"
+
+
 def summary_lines(report: dict) -> list[str]:
     """The human summary printed by rank 0."""
     from spdnn_mpi.util.memory import format_bytes
 
     live = report.get("live_rows_per_layer") or []
-    lines = [
-        f"network     {report['neurons']} neurons x {report['n_layers']} layers, "
-        f"{report['n_images']} images",
+    lines = [network_line(report),
         f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
         f"load        {report['load_seconds']:.3f} s (read, of which "
         f"{report['validate_seconds']:.3f} s validation), "
@@ -198,8 +207,9 @@ def compression_line(report: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
-    from spdnn_mpi.driver import RunOptions, compare_categories, distributed_infer
+    from spdnn_mpi.driver import RunOptions, distributed_infer
     from spdnn_mpi.formats.tsv.write import write_categories
+    from spdnn_mpi.readout import compare_categories
     from spdnn_mpi.report import write_json
     from spdnn_mpi.util.progress import stderr_lines
 
@@ -220,21 +230,18 @@ def run(args: argparse.Namespace) -> int:
     def finish() -> int:
         if rank != 0:
             return 0
-        categories = report.pop("_categories")
-        truth = report.pop("_truth")  # read when the run started (None without --check)
-        predictions = report.pop("_predictions")
-        reference, labels = report.pop("_reference"), report.pop("_labels")
-        if predictions is not None:
-            return finish_argmax(args, report, predictions, reference, labels)
+        if report.predictions is not None:
+            return finish_argmax(args, report)
         status = 0
-        if args.check:
-            report["check"] = compare_categories(categories, np.asarray(truth))
-            status = 0 if report["check"]["passed"] else 1
+        if args.check:  # against the truth read when the run started
+            report.check = compare_categories(report.categories, np.asarray(report.truth))
+            status = 0 if report.check["passed"] else 1
         if args.out:
-            write_categories(args.out, categories)
+            write_categories(args.out, report.categories)
+        summary = report.to_json()
         if args.json:
-            write_json(args.json, report)
-        print("\n".join(summary_lines(report)))
+            write_json(args.json, summary)
+        print("\n".join(summary_lines(summary)))
         return status
 
     if world.Get_size() == 1:
@@ -242,27 +249,26 @@ def run(args: argparse.Namespace) -> int:
     return int(world.bcast(mpi.run_phase(world, finish), root=0))
 
 
-def finish_argmax(args: argparse.Namespace, report: dict, predictions: np.ndarray,
-                  reference: np.ndarray | None, labels: np.ndarray | None) -> int:
-    """Rank 0 on an argmax store: check, score, write the predictions and the report.
-
-    ``reference`` (with --check) and ``labels`` were read when the run started.
-    """
+def finish_argmax(args: argparse.Namespace, report) -> int:
+    """Rank 0 on an argmax store: check, score, write the predictions and the report
+    (the reference predictions and labels were read when the run started)."""
     from spdnn_mpi.formats.tsv.write import write_predictions
     from spdnn_mpi.readout import accuracy, compare_predictions
     from spdnn_mpi.report import write_json
 
     status = 0
+    predictions, labels = report.predictions, report.labels
     if args.check:
-        report["check"] = compare_predictions(predictions, reference)
-        status = 0 if report["check"]["passed"] else 1
+        report.check = compare_predictions(predictions, report.reference)
+        status = 0 if report.check["passed"] else 1
     if labels is not None:
-        report["accuracy"] = {"accuracy": accuracy(predictions, labels),
-                              "correct": int(np.count_nonzero(predictions == labels)),
-                              "images": int(len(labels))}
+        report.accuracy = {"accuracy": accuracy(predictions, labels),
+                           "correct": int(np.count_nonzero(predictions == labels)),
+                           "images": int(len(labels))}
     if args.out:
         write_predictions(args.out, predictions)
+    summary = report.to_json()
     if args.json:
-        write_json(args.json, report)
-    print("\n".join(summary_lines(report)))
+        write_json(args.json, summary)
+    print("\n".join(summary_lines(summary)))
     return status
