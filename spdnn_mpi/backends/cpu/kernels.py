@@ -9,12 +9,21 @@ every output neuron of a layer is computed from it.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import njit, prange
 
 from spdnn_mpi.util import jitcache
 
 jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
+
+#: Threads waiting at the end of a parallel loop sleep rather than spin (read by
+#: libgomp when numba starts its threads, at the first parallel kernel; a user's
+#: OMP_WAIT_POLICY wins). On a machine shared with other work, spinning threads
+#: take the core a descheduled partner needs, and a layer of a few milliseconds
+#: waits a scheduler slice for it (see docs/design.md, "CPU threads").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: Rows per tile. A compile-time constant: numba then keeps the accumulators
 #: of a tile in vector registers (measured 1.7x faster than a run-time count
