@@ -64,3 +64,28 @@ def test_info_shows_readout_labels_and_predictions(tmp_path, capsys):
     assert "readout      argmax; activations none x 1, relu x 2" in out
     assert "predictions  3 layers: one class per image (reference)" in out
     assert "labels       257 true classes" in out
+
+
+def test_summary_labels_fit_a_small_classifier_on_the_cpu(tmp_path, capsys, monkeypatch):
+    """Before: '40 neurons x 3 layers', '0.000 TeraEdges/s', 'inputs to device' on the CPU
+    and 'cpu (CuPy is not installed (cupy))'."""
+    from spdnn_mpi import backends
+
+    monkeypatch.setattr(backends, "cuda_available", lambda: (False, "CuPy is not installed"))
+    classifier_store(tmp_path / "m.h5")
+    assert main(["infer", str(tmp_path / "m.h5"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "network     40-64-32-10 (3 layers), 257 images" in out
+    assert "backend     cpu (auto: no GPU, CuPy is not installed), 1 rank(s)" in out
+    assert "(inputs laid out)" in out and "device" not in out.split("machine")[0]
+    rate = next(line for line in out.splitlines() if line.startswith("rate"))
+    assert "TeraEdges" not in rate and ("MegaEdges/s" in rate or "GigaEdges/s" in rate)
+
+
+def test_rates_are_shown_in_a_unit_that_fits():
+    from spdnn_mpi.commands.infer import format_rate
+
+    assert format_rate(1.5e14) == "150.000 TeraEdges/s"
+    assert format_rate(2.5e10) == "25.000 GigaEdges/s"
+    assert format_rate(3e7) == "30.000 MegaEdges/s"
+    assert format_rate(12.0) == "12 edges/s"

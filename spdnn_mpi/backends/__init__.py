@@ -25,7 +25,9 @@ def cuda_available() -> tuple[bool, str]:
     try:
         import cupy
     except ImportError as exc:
-        return False, f"CuPy is not installed ({exc.name})"
+        if exc.name == "cupy":
+            return False, "CuPy is not installed"
+        return False, f"CuPy cannot be imported: {exc}"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing or broken
@@ -42,7 +44,7 @@ def resolve_backend_name(name: str) -> tuple[str, str]:
             raise SpdnnError(f"unknown backend {name!r}; choose from auto, {', '.join(BACKENDS)}")
         return name, "asked for"
     ok, why = cuda_available()
-    return ("cuda", why) if ok else ("cpu", why)
+    return ("cuda", f"auto: {why}") if ok else ("cpu", f"auto: no GPU, {why}")
 
 
 def make_backend(name: str, **options) -> Backend:

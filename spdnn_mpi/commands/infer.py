@@ -116,6 +116,15 @@ def machine_line(report: dict) -> str:
             f"{m.get('cpu_count', '?')} cores{thread_note}{device}, Python {m.get('python', '?')}")
 
 
+def format_rate(edges_per_second: float) -> str:
+    """Edges/s in the unit that shows three digits: TeraEdges/s for the challenge's
+    networks, GigaEdges/s or MegaEdges/s for small classifiers (not '0.000 TeraEdges/s')."""
+    for scale, unit in ((1e12, "TeraEdges/s"), (1e9, "GigaEdges/s"), (1e6, "MegaEdges/s")):
+        if edges_per_second >= scale:
+            return f"{edges_per_second / scale:.3f} {unit}"
+    return f"{edges_per_second:.0f} edges/s"
+
+
 def network_line(report: dict) -> str:
     """The network's shape: N neurons x L layers where every level is N wide, else the
     widths of every level (784-1024-1024-10)."""
@@ -132,21 +141,23 @@ def summary_lines(report: dict) -> list[str]:
     from spdnn_mpi.util.memory import format_bytes
 
     live = report.get("live_rows_per_layer") or []
-    lines = [network_line(report),
+    inputs = "inputs to the GPU" if report["backend"] == "cuda" else "inputs laid out"
+    lines = [
+        network_line(report),
         f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
         f"load        {report['load_seconds']:.3f} s (read, of which "
         f"{report['validate_seconds']:.3f} s validation), "
         f"{report['layout_seconds']:.3f} s (layout and warm-up), "
-        f"{report['input_seconds']:.3f} s (inputs to device)",
+        f"{report['input_seconds']:.3f} s ({inputs})",
         f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
         f"imbalance {report['imbalance']:.3f}",
     ]
     if report["ranks"] > 1 and report.get("per_rank"):
         lines.append(rank_line(report["per_rank"]))
     lines += [
-        f"rate        {report['teraedges_per_second']:.3f} TeraEdges/s nominal "
+        f"rate        {format_rate(report['edges_per_second'])} nominal "
         f"(challenge: all images x all edges / time), "
-        f"{report['computed_teraedges_per_second']:.3f} computed (edges multiplied)",
+        f"{format_rate(report['computed_edges_per_second'])} computed (edges multiplied)",
         compression_line(report),
     ]
     if live:
