@@ -191,17 +191,21 @@ def gpu_uuid(device: int) -> str:
 
 
 def set_up_backend(backend_name: str, options: dict, plan: RunPlan, data: RankData,
-                   opts: RunOptions, emit: Callable[[str], None] | None) -> Backend:
-    """Step 4, on every rank: build the backend, lay out the network, warm up.
+                   opts: RunOptions, emit: Callable[[str], None] | None
+                   ) -> tuple[Backend, float, float]:
+    """Step 4, on every rank: build the backend, lay out the network (compiling its
+    kernels where needed), warm up; returns (backend, layout seconds, warm-up seconds).
 
-    The untimed warm-up on a few rows keeps kernel compilation and CUDA graph
-    capture in set-up (reported as layout time), not in inference.
+    The untimed warm-up on a few rows keeps first-call costs (CUDA graph capture,
+    numba loading its cached kernels) out of inference.
     """
+    t0 = time.perf_counter()
     backend = make_backend(backend_name, **options)
     backend.load_network(data.network.layers, progress=Progress("layout", plan.n_layers, emit))
+    t1 = time.perf_counter()
     run_inference(data.network, data.rows.slice(0, min(data.rows.n_rows, 64)), backend,
                   batch=opts.batch, compress=opts.compress)
-    return backend
+    return backend, t1 - t0, time.perf_counter() - t1
 
 
 def distributed_infer(comm, opts: RunOptions) -> RunReport | None:
@@ -235,14 +239,12 @@ def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
         data.network = Network(layers, plan.store.provenance, plan.store.readout)
         data.load_seconds += time.perf_counter() - t0
 
-    t0 = time.perf_counter()
     options = mpi.run_phase(comm, lambda: device_option(backend_name, node, opts))
     if "device" in options:
         uuids = local.allgather(mpi.run_phase(comm, lambda: gpu_uuid(options["device"])))
         mpi.run_phase(comm, lambda: mpi.check_gpu_sharing(node, uuids, opts.oversubscribe_gpus))
-    backend = mpi.run_phase(comm, lambda: set_up_backend(
+    backend, layout_seconds, warm_up_seconds = mpi.run_phase(comm, lambda: set_up_backend(
         backend_name, options, plan, data, opts, opts.emit if rank == 0 else None))
-    layout_seconds = time.perf_counter() - t0
 
     argmax = plan.readout == "argmax"
 
@@ -258,17 +260,20 @@ def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
     result, classes = mpi.run_phase(comm, infer)
     plan.store.close()
     return gather_report(comm, node, backend_name, why, opts, plan, data, backend, result,
-                         classes, layout_seconds)
+                         classes, layout_seconds, warm_up_seconds)
 
 
 def gather_report(comm, node: mpi.NodeInfo, backend_name: str, why: str, opts: RunOptions,
                   plan: RunPlan, data: RankData, backend: Backend, result: InferenceResult,
-                  classes: np.ndarray | None, layout_seconds: float) -> RunReport | None:
+                  classes: np.ndarray | None, layout_seconds: float,
+                  warm_up_seconds: float) -> RunReport | None:
     """Last step: every rank's ids (and classes) and facts to rank 0, which builds the report."""
     ids = mpi.gather_ids(comm, result.alive_ids)
     # ranks hold contiguous ranges: classes gathered in rank order are in image order
     predictions = mpi.gather_ids(comm, classes) if classes is not None else None
     live = mpi.sum_to_root(comm, result.live_per_layer)
+    described = backend.describe()
+    compile_seconds = float(described.get("compile_seconds", 0.0))
     per_rank = comm.gather({
         "rank": comm.Get_rank(),
         "host": node.hostname,
@@ -278,14 +283,17 @@ def gather_report(comm, node: mpi.NodeInfo, backend_name: str, why: str, opts: R
         "input_nnz": data.rows.nnz,
         "load_seconds": data.load_seconds,
         "validate_seconds": data.validate_seconds,
-        "layout_seconds": layout_seconds,
+        "layout_seconds": layout_seconds - compile_seconds,
+        "compile_seconds": compile_seconds,
+        "kernels_compiled": bool(described.get("kernels_compiled", False)),
+        "warm_up_seconds": warm_up_seconds,
         "inference_seconds": result.seconds,
         "input_seconds": result.input_seconds,
         "alive_at_end": int(len(result.alive_ids)),
         "computed_edges": result.computed_edges(data.network),
         "compression": result.compression,
         "batches": result.batches,
-        "backend": backend.describe(),
+        "backend": described,
         **peak_host_bytes(),
     }, root=0)
     if comm.Get_rank() != 0:

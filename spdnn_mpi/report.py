@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,22 @@ from spdnn_mpi.util.atomic import write_text_atomic
 def edges_per_second(n_images: int, edges: int, seconds: float) -> float:
     """The challenge's figure of merit: images x sum of nnz(W_l) / inference time."""
     return n_images * edges / seconds if seconds > 0 else float("inf")
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Python's own start-up included, on Linux),
+    what a user waits for a command; elsewhere since this module was imported."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
 
 
 def machine_info() -> dict:
@@ -158,8 +175,10 @@ class RunReport:
             "machine": self.machine,
         }
         for key in ("input_seconds", "load_seconds", "validate_seconds", "layout_seconds",
-                    "peak_host_bytes", "peak_children_bytes"):
+                    "compile_seconds", "warm_up_seconds", "peak_host_bytes",
+                    "peak_children_bytes"):
             out[key] = self._max(key)
+        out["kernels_compiled"] = any(r["kernels_compiled"] for r in self.per_rank)
         for key in ("check", "accuracy"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)

@@ -36,6 +36,11 @@ def test_infer_writes_categories_and_report(small_store, tmp_path, backend, caps
     assert report["ranks"] == 1 and report["edges_per_second"] > 0
     assert len(report["live_rows_per_layer"]) == 4
     assert report["machine"]["hostname"]
+    # where the time went, up to the file written: every phase, and the whole process
+    phases = ("load_seconds", "layout_seconds", "compile_seconds", "warm_up_seconds",
+              "input_seconds", "inference_seconds", "write_seconds")
+    assert all(report[key] >= 0 for key in phases) and report["kernels_compiled"] is False
+    assert report["end_to_end_seconds"] >= sum(report[key] for key in phases)
     assert "PASSED" in capsys.readouterr().out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -116,6 +117,15 @@ def machine_line(report: dict) -> str:
             f"{m.get('cpu_count', '?')} cores{thread_note}{device}, Python {m.get('python', '?')}")
 
 
+def compile_words(report: dict) -> str:
+    """What the kernels cost this run: compiled (and how long), or loaded from a cache."""
+    if report.get("kernels_compiled"):
+        return f"kernels compiled {report['compile_seconds']:.3f} s, "
+    if report["backend"] == "cuda":
+        return f"kernels from the cache {report['compile_seconds']:.3f} s, "
+    return ""
+
+
 def format_rate(edges_per_second: float) -> str:
     """Edges/s in the unit that shows three digits: TeraEdges/s for the challenge's
     networks, GigaEdges/s or MegaEdges/s for small classifiers (not '0.000 TeraEdges/s')."""
@@ -145,10 +155,10 @@ def summary_lines(report: dict) -> list[str]:
     lines = [
         network_line(report),
         f"backend     {report['backend']} ({report['backend_choice']}), {report['ranks']} rank(s)",
-        f"load        {report['load_seconds']:.3f} s (read, of which "
-        f"{report['validate_seconds']:.3f} s validation), "
-        f"{report['layout_seconds']:.3f} s (layout and warm-up), "
-        f"{report['input_seconds']:.3f} s ({inputs})",
+        f"set-up      read {report['load_seconds']:.3f} s (of which "
+        f"{report['validate_seconds']:.3f} s validation), layout "
+        f"{report['layout_seconds']:.3f} s, {compile_words(report)}warm-up "
+        f"{report['warm_up_seconds']:.3f} s, {inputs} {report['input_seconds']:.3f} s",
         f"inference   {report['inference_seconds']:.4f} s (slowest rank), "
         f"imbalance {report['imbalance']:.3f}",
     ]
@@ -175,6 +185,9 @@ def summary_lines(report: dict) -> list[str]:
     else:
         lines.append(f"categories  {report['categories_count']} images alive after layer "
                      f"{report['n_layers']}")
+    if "end_to_end_seconds" in report:
+        lines.append(f"answer      {report['write_seconds']:.3f} s writing the results; "
+                     f"{report['end_to_end_seconds']:.3f} s since the process started")
     if "peak_host_bytes" in report:
         lines.append(f"memory      peak host {format_bytes(report['peak_host_bytes'])} "
                      f"({'largest rank' if report['ranks'] > 1 else 'this process'})")
@@ -221,7 +234,6 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.driver import RunOptions, distributed_infer
     from spdnn_mpi.formats.tsv.write import write_categories
     from spdnn_mpi.readout import compare_categories
-    from spdnn_mpi.report import write_json
     from spdnn_mpi.util.progress import stderr_lines
 
     world = mpi.world()
@@ -247,12 +259,10 @@ def run(args: argparse.Namespace) -> int:
         if args.check:  # against the truth read when the run started
             report.check = compare_categories(report.categories, np.asarray(report.truth))
             status = 0 if report.check["passed"] else 1
+        t0 = time.perf_counter()
         if args.out:
             write_categories(args.out, report.categories)
-        summary = report.to_json()
-        if args.json:
-            write_json(args.json, summary)
-        print("\n".join(summary_lines(summary)))
+        write_report(args, report, time.perf_counter() - t0)
         return status
 
     if world.Get_size() == 1:
@@ -265,7 +275,6 @@ def finish_argmax(args: argparse.Namespace, report) -> int:
     (the reference predictions and labels were read when the run started)."""
     from spdnn_mpi.formats.tsv.write import write_predictions
     from spdnn_mpi.readout import accuracy, compare_predictions
-    from spdnn_mpi.report import write_json
 
     status = 0
     predictions, labels = report.predictions, report.labels
@@ -276,10 +285,21 @@ def finish_argmax(args: argparse.Namespace, report) -> int:
         report.accuracy = {"accuracy": accuracy(predictions, labels),
                            "correct": int(np.count_nonzero(predictions == labels)),
                            "images": int(len(labels))}
+    t0 = time.perf_counter()
     if args.out:
         write_predictions(args.out, predictions)
+    write_report(args, report, time.perf_counter() - t0)
+    return status
+
+
+def write_report(args: argparse.Namespace, report, write_seconds: float) -> None:
+    """The JSON report (with the time the results took to write and the time since the
+    process started: what the user waited) and the printed summary."""
+    from spdnn_mpi.report import process_seconds, write_json
+
     summary = report.to_json()
+    summary["write_seconds"] = write_seconds
+    summary["end_to_end_seconds"] = process_seconds()
     if args.json:
         write_json(args.json, summary)
     print("\n".join(summary_lines(summary)))
-    return status
