@@ -54,14 +54,7 @@
 #define P_TILE_BASE 5
 #define P_TSTRIDE 6
 #define P_MAX_TILES 7
-// The batch's input rows (CSR, set per batch), read by the first layer's push
-// form (spdnn_push.cu): indptr (i64), indices (u16 or int), values (float,
-// null: binary), the row of each slot (int).
-#define P_IN_INDPTR 8
-#define P_IN_INDICES 9
-#define P_IN_VALUES 10
-#define P_IN_SEL 11
-#define P_SIZE 12
+#define P_SIZE 8
 
 typedef unsigned short u16;
 typedef unsigned int u32;

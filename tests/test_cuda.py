@@ -305,8 +305,6 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     backend.sms, backend._ptrs, backend._state = 132, None, None
     backend._live_hist, backend._stamps = None, None
     backend._compact = kernel("compact_rows")
-    backend._push_batch = None  # the first layer pulled from dense tiles
-    backend._push_dense = False
     backend._n_layers = len(kinds)
     backend._layers = [{"plan": lay.LayerPlan(kind, kind, 0, 0), "head": (), "extra": (),
                         "kern": kernel(kind), "grid": 1, "threads": 32, "n_out": 8}
@@ -319,31 +317,6 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     backend._launch(0, drop_dead=False, held=0)  # nothing dropped: nothing to move
     assert calls == ["group"]
     assert not lay.compacts_on_write("csr_smem") and lay.compacts_on_write("group")
-    # a batch that pushes the first layer from its input rows: that kernel instead,
-    # for layer 0 only, the compaction after it still decided by layer 1's kernel
-    backend._push = {"kerns": {"u16": kernel("push<u16>"), "int": kernel("push<int>")},
-                     "grid": 1, "threads": 256, "smem": 0, "extra": ()}
-    for push_batch in ("u16", "int"):
-        backend._push_batch = push_batch
-        calls.clear()
-        for k in range(3):
-            backend._launch(k, drop_dead=True, held=0)
-        assert calls == [f"push<{push_batch}>", "compact_rows", "csr_global", "smem32"]
-    # later layers pushed from the tiles: in place, so compact_rows goes before them
-    backend._layers[2]["push"] = {"kerns": {"u16": kernel("push_dense")}, "grid": 1,
-                                  "threads": 256, "smem": 0, "extra": ()}
-    backend._push_batch, calls[:] = None, []
-    for k in range(4):
-        backend._launch(k, drop_dead=True, held=0)
-    assert calls == ["group", "compact_rows", "csr_global", "smem32", "global", "compact_rows"]
-    backend._push_dense, calls[:] = True, []
-    for k in range(4):
-        backend._launch(k, drop_dead=True, held=0)
-    assert calls == ["group", "compact_rows", "csr_global", "compact_rows", "push_dense",
-                     "global", "compact_rows"]
-    backend._push_dense, calls[:] = True, []
-    backend._launch(2, drop_dead=True, held=16)  # held rows: the same kernel, nothing moved
-    assert calls == ["push_dense"]
 
 
 @pytest.mark.parametrize("ascending, ordered", [(True, False), (False, False), (True, True)])
@@ -901,15 +874,14 @@ def test_graph_cache_keys_pieces_by_what_they_launch_and_turns_off_on_failure():
     cache = GraphCache(on=True)
     todo = ((0, True), (1, False))
     tail_a = (4, 3, 10, True, (1000, 5000, 123))  # grid, sizes, (device, host, words)
-    key_a = cache.key(todo, 0, tail_a, ("u16", False))
-    assert cache.key(todo, 0, (4, 3, 10, True, (1000, 5000, 123)), ("u16", False)) == key_a
-    for other in (cache.key(todo, 16, tail_a, ("u16", False)),  # rows held
-                  cache.key(todo, 0, (4, 3, 10, True, (2000, 5000, 123)), ("u16", False)),
-                  cache.key(todo, 0, (4, 3, 10, True, (1000, 5000, 0)), ("u16", False)),
-                  cache.key(todo, 0, (8, 3, 10, True, (1000, 5000, 123)), ("u16", False)),
-                  cache.key(todo, 0, None, ("u16", False)),  # no gather
-                  cache.key(todo, 0, tail_a, (None, False)),  # push form
-                  cache.key(todo[:1], 0, tail_a, ("u16", False))):  # layers
+    key_a = cache.key(todo, 0, tail_a)
+    assert cache.key(todo, 0, (4, 3, 10, True, (1000, 5000, 123))) == key_a
+    for other in (cache.key(todo, 16, tail_a),  # rows held
+                  cache.key(todo, 0, (4, 3, 10, True, (2000, 5000, 123))),
+                  cache.key(todo, 0, (4, 3, 10, True, (1000, 5000, 0))),
+                  cache.key(todo, 0, (8, 3, 10, True, (1000, 5000, 123))),
+                  cache.key(todo, 0, None),  # no gather
+                  cache.key(todo[:1], 0, tail_a)):  # layers
         assert other != key_a
     stream, launched = _FakeStream(), []
     graph = cache.capture(stream, key_a, lambda: launched.append("piece"))
@@ -951,7 +923,6 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
     backend._dev, backend._stream = contextlib.nullcontext(), Stream()
     backend._graph_cache = GraphCache(on=True)
     backend._held, backend._merging = 0, False
-    backend._push_batch, backend._push_dense = None, False
     backend._launch = lambda k, drop, held: log.append(f"layer{k}")
     backend._gather = lambda grid, threads, args: log.append("gather")
     backend._results = type("Results", (), {
@@ -988,14 +959,3 @@ def test_blocks_per_sm_is_bound_by_registers_threads_or_shared_memory():
     assert blocks_per_sm(props, kern(32), 256, 0) == 8  # threads
     assert blocks_per_sm(props, kern(32), 128, 60 * 1024) == 3  # shared memory
     assert blocks_per_sm(props, kern(255), 1024, 0) == 1  # never below one
-
-
-def test_push_kernels_are_compiled_only_where_push_is_on():
-    """Push off (the default): the module names none of the push forms."""
-    from spdnn_mpi.backends.cuda.compile import kernel_names
-
-    off, on = kernel_names({16}), kernel_names({16}, push=True)
-    assert not any(n.startswith("layer_push") for n in off)
-    assert set(on) - set(off) == {"layer_push<true,u16>", "layer_push<true,int>",
-                                  "layer_push<false,u16>", "layer_push<false,int>",
-                                  "layer_push_dense<true>", "layer_push_dense<false>"}

@@ -30,15 +30,12 @@ trap 'rm -rf "$work"' EXIT
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"
   done; done; done
-  for vals in true false; do for it in u16 int; do
-    echo "template __global__ void layer_push<$vals,$it>(P, const int*, const u16*, const float*, int, int);"
-  done; echo "template __global__ void layer_push_dense<$vals>(P, const int*, const u16*, const float*, int, int);"; done
   for it in u16 int; do
     echo "template __global__ void scatter_rows<$it>(float*, i64, const int*, int, const i64*, const $it*, const float*, int*);"
   done
 } > "$work/instances.cu"
 status=0
-knobs="-DSPDNN_GSUM_COALESCE=0 -DSPDNN_CSR4_GROUP=1 -DSPDNN_PUSH_PER_LANE=4"
+knobs="-DSPDNN_GSUM_COALESCE=0 -DSPDNN_CSR4_GROUP=1"
 for arch in sm_80 sm_90; do
   for src in "$root"/cuda/*.cu "$work/instances.cu"; do
     if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \

@@ -22,7 +22,6 @@ import numpy as np
 
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda import push as cuda_push
 from spdnn_mpi.backends.cuda.compile import (  # noqa: F401 (import_cupy: used by callers)
     DEFAULT_DEFINES,
     compiled_module,
@@ -44,9 +43,8 @@ from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
-#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles,
-#: then the batch's input rows (indptr, indices, values, slot rows) for the push form.
-P_BUFFERS, P_INPUTS, P_SIZE = 8, 8, 12
+#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles.
+P_SIZE = 8
 
 
 class CudaBackend(Backend):
@@ -110,9 +108,6 @@ class CudaBackend(Backend):
         self._held = 0  # > 0: at most this many rows (one tile) held since a merge
         self._merging = False  # merges ran: graphs are captured in both forms
         self._results = PackedResults(cp, self._dev)  # gather_results' array, its host copy
-        self._push = None  # the first layer's push form (cuda_push), where it is exact
-        self._push_batch = None  # this batch pushes layer 1: the inputs' index type
-        self._push_dense = False  # this batch pushes later layers that have a push form
 
     # -- helpers -------------------------------------------------------------
     def _track_peak(self) -> None:
@@ -126,8 +121,7 @@ class CudaBackend(Backend):
         t0 = time.perf_counter()
         smem_limit = self._smem_optin - 1024
         plans = [lay.plan_layer(layer, smem_limit, self.variant) for layer in layers]
-        names = kernel_names({p.degree for p in plans if p.degree},
-                             push=self._defines["SPDNN_PUSH"] != cuda_push.PUSH_OFF)
+        names = kernel_names({p.degree for p in plans if p.degree})
         t_compile = time.perf_counter()
         self._mod = compiled_module(self.device_id, sorted(names), self._defines)
         compile_s = time.perf_counter() - t_compile
@@ -157,17 +151,6 @@ class CudaBackend(Backend):
                 width = max(width, layer.n_in, layer.n_out)
                 if progress is not None:
                     progress(len(self._layers))
-            mode = self._defines["SPDNN_PUSH"]
-            self._push = None
-            if layers and cuda_push.may_push(mode, layers[0]):
-                self._push = launcher.push_entry(layers[0], smem_limit)
-            if self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"] > 0:
-                for layer, entry in zip(layers[1:], self._layers[1:]):
-                    if cuda_push.may_push(mode, layer):
-                        entry["push"] = launcher.push_entry(layer, smem_limit, dense=True)
-            for form in (self._push, *(e.get("push") for e in self._layers)):
-                if form is not None:
-                    layout_bytes += sum(int(a.nbytes) for a in form["keep"])
             self._stream.synchronize()
         self.width = width
         self._n_layers = len(layers)
@@ -186,9 +169,6 @@ class CudaBackend(Backend):
             "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
             "compile_seconds": round(compile_s, 4),
             "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
-            "first_layer_push": (None if self._push is None else
-                                 {"chunk": self._push["chunk"], "grid": self._push["grid"]}),
-            "dense_push_layers": sum(1 for e in self._layers if e.get("push")),
         }
 
     # -- features ------------------------------------------------------------
@@ -212,12 +192,11 @@ class CudaBackend(Backend):
                           self._tstride, cap],
                          dtype=np.int64)
         with self._dev, self._stream:
-            self._ptrs[:P_BUFFERS].set(table, stream=self._stream)
+            self._ptrs.set(table, stream=self._stream)
         self._track_peak()
 
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
-        """Scatter the input rows into zeroed tiles on the device (one kernel), or
-        keep them as they are where the first layer is pushed from them (``cuda_push``)."""
+        """Scatter the input rows into zeroed tiles on the device (one kernel)."""
         cp = self._cp
         if self._mod is None:
             raise SpdnnError("load_network must come before load_features")
@@ -234,15 +213,9 @@ class CudaBackend(Backend):
         self._in_width = rows.n_cols
         self._loaded_rows = n
         self._layers_run = 0
-        push = (n > 0 and self._push is not None and self._n_layers > 0 and cuda_push.wants_push(
-            self._defines["SPDNN_PUSH"], rows, self._defines["SPDNN_PUSH_MAX_DENSITY_PCT"] / 100))
         with self._dev, self._stream:
-            if not push:  # the push form reads the rows themselves: no tiles to fill
-                self._buf[0, : n_tiles * self._tstride].fill(0)
+            self._buf[0, : n_tiles * self._tstride].fill(0)
             self._masks.fill(0)
-            self._push_batch = None
-            self._push_dense = (self._defines["SPDNN_PUSH"] != cuda_push.PUSH_OFF
-                                and n <= self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"])
             if n:
                 base = int(rows.indptr[0])
                 indptr = cp.asarray(np.asarray(rows.indptr, dtype=np.int64) - base)
@@ -252,20 +225,12 @@ class CudaBackend(Backend):
                 values = (cp.asarray(np.asarray(rows.values, dtype=np.float32))
                           if rows.values is not None else np.uint64(0))
                 sel = cp.asarray(rowsel.astype(np.int32))
-                if push:
-                    self._push_batch = "u16" if small else "int"
-                    self._p[0][:n] = sel
-                    vptr = values.data.ptr if isinstance(values, cp.ndarray) else 0
-                    self._ptrs[P_INPUTS:].set(np.array(
-                        [indptr.data.ptr, indices.data.ptr, vptr, sel.data.ptr], dtype=np.int64),
-                        stream=self._stream)
-                else:
-                    grid = max(1, min(-(-n // 8), self.sms * 16))
-                    self._scatter["u16" if small else "int"](
-                        (grid,), (256,),
-                        (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
-                         values, self._p[0]),
-                    )
+                grid = max(1, min(-(-n // 8), self.sms * 16))
+                self._scatter["u16" if small else "int"](
+                    (grid,), (256,),
+                    (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
+                     values, self._p[0]),
+                )
                 self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
             state = np.zeros(ST_SIZE, dtype=np.int32)
             state[ST_ROWS], state[ST_TILES] = n, n_tiles
@@ -292,12 +257,7 @@ class CudaBackend(Backend):
         L = self._layers[k]
         kk = np.int32(k)
         drop = drop_dead and not held
-        P = self._push_form(k)
-        if P is not None:  # the first layer from the input rows, or a later one from tiles
-            kern, grid, threads, smem = (P["kerns"][self._push_batch or "u16"], P["grid"],
-                                         P["threads"], P["smem"])
-            extra = P["extra"]
-        elif held:
+        if held:
             (kern, grid, threads, smem), extra = L["small"][held], L["extra_held"]
         else:
             kern, grid, threads, smem = L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes
@@ -309,20 +269,12 @@ class CudaBackend(Backend):
             self._compact((self.sms * 8,), (256,),
                           (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
 
-    def _push_form(self, k: int) -> dict | None:
-        """The push form layer ``k`` runs in this batch (``cuda_push``), if any."""
-        if k == 0:
-            return self._push if self._push_batch else None
-        return self._layers[k].get("push") if self._push_dense else None
-
     def _compacts_on_write(self, k: int) -> bool:
         """Whether layer ``k`` writes the compaction its predecessor may ask for
         (no compact_rows pass before it). The last layer's is left pending:
         ``finish`` reads the survivors from the mask, and a merge runs it first."""
         if k >= self._n_layers:
             return True
-        if self._push_form(k) is not None:  # pushed from tiles in place
-            return False
         return lay.compacts_on_write(self._layers[k]["plan"].kind)
 
     def _flush(self, gather: tuple | None = None) -> None:
@@ -356,8 +308,7 @@ class CudaBackend(Backend):
             self._run_piece(todo, self._held, gather)
 
     def _piece_key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
-        return self._graph_cache.key(todo, held, None if gather is None else gather[2],
-                                     (self._push_batch, self._push_dense))
+        return self._graph_cache.key(todo, held, None if gather is None else gather[2])
 
     def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
         """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream."""

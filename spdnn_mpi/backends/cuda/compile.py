@@ -48,22 +48,6 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_CSR4_GROUP": 4,
     # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
     "SPDNN_CSR4_MIN_BLOCKS": 1,
-    # the first layer pushed from sparse input rows (cuda_push: 0 never, 1 layers with
-    # values when a batch's inputs are at most SPDNN_PUSH_MAX_DENSITY_PCT % nonzero,
-    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row. Off: both
-    # forms took about twice the pulling kernel's time for layer 1 of the 90 % MNIST
-    # model at 1000 digits (H100, tools/model_run_probe.py; docs/performance.md,
-    # "Session 18" and "Session 19")
-    "SPDNN_PUSH": 0,
-    "SPDNN_PUSH_MAX_DENSITY_PCT": 50,
-    "SPDNN_PUSH_CHUNK": 256,
-    "SPDNN_PUSH_THREADS": 256,
-    "SPDNN_PUSH_MIN_BLOCKS": 4,
-    "SPDNN_PUSH_AHEAD": 8,
-    "SPDNN_PUSH_PER_LANE": 2,
-    # later layers with values pushed from the tiles (their ReLU zeros skipped) in
-    # batches of at most this many rows (0: never)
-    "SPDNN_PUSH_DENSE_MAX_ROWS": 0,
 }
 #: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
 #: measured best on the H200: the warps then cover about two tiles, which stay in L2).
@@ -113,9 +97,8 @@ def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int
     return mod
 
 
-def kernel_names(degrees: set[int], push: bool = False) -> list[str]:
-    """Every instantiation for these degrees (plus 32), so one module serves most networks;
-    the push forms' only where ``push`` (SPDNN_PUSH on: off, they are never launched)."""
+def kernel_names(degrees: set[int]) -> list[str]:
+    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
     names = ["scatter_rows<u16>", "scatter_rows<int>"]
     for d in sorted(degrees | {32}):
         names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
@@ -127,8 +110,4 @@ def kernel_names(degrees: set[int], push: bool = False) -> list[str]:
             names.append(f"layer_csr4<{smem},{vals}>")
             for itype in ("u16", "int"):
                 names.append(f"layer_csr<{smem},{vals},{itype}>")
-    if push:
-        names += [f"layer_push<{vals},{itype}>" for vals in ("true", "false")
-                  for itype in ("u16", "int")]
-        names += [f"layer_push_dense<{vals}>" for vals in ("true", "false")]
     return names

@@ -17,7 +17,6 @@ import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.compile import GROUP_CHUNK
-from spdnn_mpi.backends.cuda.push import push_kernel, push_layout
 from spdnn_mpi.model import Layer
 
 
@@ -154,27 +153,3 @@ class Launcher:
                      bias_v, np.float32(layer.floor), clip),
             "extra": extra, "extra_held": extra_held or extra,
         }
-
-    def push_entry(self, layer: Layer, smem_limit: int, dense: bool = False) -> dict | None:
-        """A layer's push form (``cuda_push``): from the batch's input rows (the
-        first layer; kernels by the inputs' index type) or, ``dense``, from the
-        tiles (None where a unit's rows do not fit in shared memory); grid,
-        shared memory, layout and launch arguments."""
-        threads = self.defines["SPDNN_PUSH_THREADS"]
-        rows = threads // 32
-        staged = rows * (layer.n_in + 1) * 4 if dense else 0
-        chunk = min(self.defines["SPDNN_PUSH_CHUNK"], (smem_limit - staged) // (4 * rows) - 1)
-        if chunk < min(32, layer.n_out):
-            return None
-        layout = push_layout(layer, chunk)
-        smem = rows * (layout.chunk + 1) * 4 + staged
-        if dense:
-            one = self.kernel(push_kernel(layer, dense=True), smem)
-            kerns = {"u16": one, "int": one}
-        else:
-            kerns = {it: self.kernel(push_kernel(layer, itype=it), smem) for it in ("u16", "int")}
-        grid = self.sms * self.blocks_per_sm(kerns["u16"], threads, smem)
-        keep = [self.cp.asarray(a) for a in (layout.ptr, layout.outs, layout.weights)]
-        return {"kerns": kerns, "grid": grid, "threads": threads, "smem": smem, "keep": keep,
-                "chunk": layout.chunk,
-                "extra": (*keep, np.int32(layout.chunk), np.int32(layout.n_chunks))}
