@@ -23,9 +23,6 @@
 #ifndef SPDNN_COMPACT_DIV
 #define SPDNN_COMPACT_DIV 10  // compact when it frees at least 1/DIV of the tiles
 #endif
-#ifndef SPDNN_CP_ASYNC
-#define SPDNN_CP_ASYNC 1  // stage tiles with cp.async (all copies in flight) rather than ld/st
-#endif
 #ifndef SPDNN_COMPACT_WARP_NEURONS
 #define SPDNN_COMPACT_WARP_NEURONS 64
 #endif

@@ -46,10 +46,6 @@
 #ifndef SPDNN_GSUM_MIN_BLOCKS
 #define SPDNN_GSUM_MIN_BLOCKS 2  // blocks per SM of the shared-sum form
 #endif
-#ifndef SPDNN_GSUM_COALESCE
-#define SPDNN_GSUM_COALESCE 1  // compacting stores of the shared-sum form in slot order
-                                // (0: each lane its own rows)
-#endif
 #ifndef SPDNN_GSUM_BATCH
 #define SPDNN_GSUM_BATCH 32  // input loads per lane in flight in the shared-sum form
 #endif
@@ -180,7 +176,7 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
       }
     }
   }
-  if constexpr (SUM && COMPACT && SPDNN_GSUM_COALESCE) {
+  if constexpr (SUM && COMPACT) {
     return sum_store_compacted<LS>(acc[0], op, a, o, dst, stage);
   }
   u32 alive = 0u;

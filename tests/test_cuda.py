@@ -243,21 +243,17 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
     assert np.array_equal(idx.reshape(n, 32), rows[out_ids])  # its own inputs, CSR order
 
 
-def test_uniform_grouped_layers_take_the_shared_sum_form_unless_told_not_to():
+def test_uniform_grouped_layers_take_the_shared_sum_form():
     """One weight for every edge: a group's slots share one sum (layer_group_sum);
-    SPDNN_GROUP_SUM=0 or per-edge values keep every slot's own sum (layer_group)."""
+    per-edge values keep every slot's own sum (layer_group)."""
     from spdnn_mpi.generators.radixnet import radixnet_network
 
     limit = 227 * 1024
     layer = radixnet_network(1024, 1).layers[0]
     values = np.random.default_rng(1).normal(size=layer.nnz).astype(np.float32)
     valued = Layer(layer.n_in, layer.n_out, layer.indptr, layer.indices, values, None, -0.3)
-    plain = _planning_launcher()
-    plain.defines["SPDNN_GROUP_SUM"] = 0
-    for launcher, case, want in [(_planning_launcher(), layer, "layer_group_sum<32>"),
-                                 (plain, layer, "layer_group<32>"),
-                                 (_planning_launcher(), valued, "layer_group<32>")]:
-        entry = launcher.layer_entry(case, lay.plan_layer(case, limit), limit)
+    for case, want in [(layer, "layer_group_sum<32>"), (valued, "layer_group<32>")]:
+        entry = _planning_launcher().layer_entry(case, lay.plan_layer(case, limit), limit)
         assert entry["plan"].kind == "group" and entry["kern"].name == want
 
 
@@ -364,8 +360,8 @@ def test_locality_order_puts_equal_input_sets_side_by_side():
 def test_defines_are_parsed_as_name_int_and_anything_else_is_named():
     from spdnn_mpi.backends.cuda.compile import parse_defines
 
-    assert parse_defines(["SPDNN_GSUM_COALESCE=0", "SPDNN_X=-3"]) == {
-        "SPDNN_GSUM_COALESCE": 0, "SPDNN_X": -3}
+    assert parse_defines(["SPDNN_CSR4_GROUP=1", "SPDNN_X=-3"]) == {
+        "SPDNN_CSR4_GROUP": 1, "SPDNN_X": -3}
     assert parse_defines([]) == {}
     for bad in ("SPDNN_X", "SPDNN_X=1.5", "=4", "SPDNN_X="):
         with pytest.raises(ValueError, match=f"{bad!r}: expected NAME=INT"):
@@ -499,12 +495,10 @@ def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, valu
     if not values:
         _, ref = reference_infer(net, rows)
         assert np.array_equal(res.features, ref)
-    # 16 slots a lane, warps taking 4 steps in a row, and uniform layers with every
-    # slot summing on its own (not the shared-sum form): another split, the same sums
+    # 16 slots a lane and warps taking 4 steps in a row: another split, the same sums
     plain = _backend(variant="group", defines={"SPDNN_GROUP_CHUNK": 4,
                                                "SPDNN_GROUP_LANE_SLOTS": 16,
-                                               "SPDNN_GROUP_MIN_BLOCKS": 2,
-                                               "SPDNN_GROUP_SUM": 0})
+                                               "SPDNN_GROUP_MIN_BLOCKS": 2})
     plain.load_network(net.layers)
     again = run_inference(net, rows, plain, want_features=True)
     assert np.array_equal(again.alive_ids, res.alive_ids)
@@ -599,10 +593,10 @@ def _dying_uniform_network(rng) -> tuple[Network, SparseRows]:
 
 @pytest.mark.gpu
 @needs_gpu
-def test_shared_sum_form_compacting_is_bit_identical_to_every_slot_summing():
-    """The shared-sum form of uniform grouped layers, in place and compacting (with
-    the slot-order stores of the default, and with each lane's own stores,
-    SPDNN_GSUM_COALESCE=0), gives the per-slot form's bits and the reference's ids."""
+def test_shared_sum_form_compacting_is_bit_identical_to_the_reference():
+    """The shared-sum form of uniform grouped layers, in place and compacting (its
+    slot-order stores), gives the reference's ids and features bit for bit (one sum
+    a group in CSR order, then each slot's scale, bias and activation)."""
     net, rows = _dying_uniform_network(np.random.default_rng(5))
     backend = _backend()
     res = _check(net, rows, backend)
@@ -612,12 +606,8 @@ def test_shared_sum_form_compacting_is_bit_identical_to_every_slot_summing():
     n = int(np.count_nonzero(np.diff(rows.indptr)))
     assert info["compactions_last_batch"] == _compactions_expected(
         res.live_per_layer.tolist(), n) >= 3  # live 1217, 809, 494, 320 of 1912
-    for defines in ({"SPDNN_GROUP_SUM": 0}, {"SPDNN_GSUM_COALESCE": 0}):
-        other = _backend(defines=defines)
-        other.load_network(net.layers)
-        again = run_inference(net, rows, other, want_features=True)
-        assert np.array_equal(again.alive_ids, res.alive_ids)
-        assert np.array_equal(again.features, res.features)
+    _, ref = reference_infer(net, rows)
+    assert np.array_equal(res.features, ref)
 
 
 def _challenge_dir() -> Path:

@@ -35,7 +35,7 @@ trap 'rm -rf "$work"' EXIT
   done
 } > "$work/instances.cu"
 status=0
-knobs="-DSPDNN_GSUM_COALESCE=0 -DSPDNN_CSR4_GROUP=1"
+knobs="-DSPDNN_CSR4_GROUP=1"
 for arch in sm_80 sm_90; do
   for src in "$root"/cuda/*.cu "$work/instances.cu"; do
     if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \

@@ -21,30 +21,19 @@ DEFAULT_DEFINES: dict[str, int] = {
     "SPDNN_CSR_WARP_OUTPUTS": 8,
     "SPDNN_CSR_ITEMS_PER_BLOCK": 1,
     "SPDNN_COMPACT_DIV": 10,
-    "SPDNN_CP_ASYNC": 1,
     "SPDNN_GROUP_THREADS": 256,
     # 8 slots a lane at 3 blocks an SM (80 registers): 6 % faster than 16 slots at 2
     # blocks at N = 1024, equal at 4096 and 65536 (H200, docs/performance.md)
     "SPDNN_GROUP_LANE_SLOTS": 8,
     "SPDNN_GROUP_MIN_BLOCKS": 3,
     "SPDNN_GROUP_BATCH": 8,
-    # uniform grouped layers: one sum a group (layer_group_sum; 0: every slot its own),
-    # all 32 input loads of a lane issued at once at 2 blocks an SM (128 registers):
-    # 100-110 TE/s against 90-100 with 8 loads at 4 blocks at L = 120 (H200,
-    # docs/performance.md, v10)
-    "SPDNN_GROUP_SUM": 1,
+    # uniform grouped layers (layer_group_sum): all 32 input loads of a lane issued at
+    # once at 2 blocks an SM (128 registers): 100-110 TE/s against 90-100 with 8 loads
+    # at 4 blocks at L = 120 (H200)
     "SPDNN_GSUM_MIN_BLOCKS": 2,
     "SPDNN_GSUM_BATCH": 32,
-    # its compacting stores in slot order (sum_store_compacted; 0: each lane its own 4
-    # scattered rows): layers 1-10 5-11 % faster, L = 120 direct 4-8 % (H100, one call,
-    # same survivors; docs/performance.md, v11)
-    "SPDNN_GSUM_COALESCE": 1,
-    # index/value chunks the L1/L2 CSR4 kernel loads ahead with SPDNN_CSR4_GROUP=1 (the
-    # staged one: 1)
-    "SPDNN_CSR4_AHEAD": 2,
-    # the L1/L2 CSR4 kernel's chunks whose gathers are issued together (1: one at a time,
-    # with SPDNN_CSR4_AHEAD): the 10-output head of the 90 % MNIST model at 1000 digits
-    # 9.2 against 12.8 us (H100, docs/performance.md "Session 19")
+    # the L1/L2 CSR4 kernel's chunks whose gathers are issued together: the 10-output
+    # head of the 90 % MNIST model at 1000 digits 9.2 against 12.8 us (H100)
     "SPDNN_CSR4_GROUP": 4,
     # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
     "SPDNN_CSR4_MIN_BLOCKS": 1,

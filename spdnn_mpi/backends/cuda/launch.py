@@ -95,7 +95,7 @@ class Launcher:
             groups = lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-            elif layer.values is None and self.defines.get("SPDNN_GROUP_SUM", 1):
+            elif layer.values is None:
                 # one weight for all: a group's slots share one sum (the same bits)
                 plan = replace(plan, kernel=f"layer_group_sum<{plan.degree}>")
         kern, grid, threads = self.launch(plan)
