@@ -31,24 +31,6 @@
 // and written (no rows are merged: that is the compressed mode's business).
 #include "spdnn_layer.cuh"
 
-#ifndef SPDNN_GROUP_THREADS
-#define SPDNN_GROUP_THREADS 256
-#endif
-#ifndef SPDNN_GROUP_MIN_BLOCKS
-#define SPDNN_GROUP_MIN_BLOCKS 3  // blocks per SM the register budget must allow (3: 80 registers)
-#endif
-#ifndef SPDNN_GROUP_LANE_SLOTS
-#define SPDNN_GROUP_LANE_SLOTS 8  // slots a lane computes: 8 (a group per 16 lanes) or 16 (per 8)
-#endif
-#ifndef SPDNN_GROUP_BATCH
-#define SPDNN_GROUP_BATCH 8  // input loads issued per lane before their multiply-adds
-#endif
-#ifndef SPDNN_GSUM_MIN_BLOCKS
-#define SPDNN_GSUM_MIN_BLOCKS 2  // blocks per SM of the shared-sum form
-#endif
-#ifndef SPDNN_GSUM_BATCH
-#define SPDNN_GSUM_BATCH 32  // input loads per lane in flight in the shared-sum form
-#endif
 #define GROUP_SLOTS 16
 
 // Calls f(slot, output id) for each used slot of the LS a lane computes (op:

@@ -60,13 +60,6 @@ __device__ __forceinline__ void add_rows4(float4& acc, const float4 x) {
   acc.w += x.w;
 }
 
-#ifndef SPDNN_ELL_BATCH
-#define SPDNN_ELL_BATCH 8  // gathers issued per lane before their adds (H200 sweep: 8 beats 16 and 32)
-#endif
-#ifndef SPDNN_FEW_BATCH
-#define SPDNN_FEW_BATCH 32  // the same with one tile held (FEW): a layer is one latency, not four
-#endif
-
 // Sums of the D inputs of one output for this lane's 4 rows: ip points at the
 // output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows (neuron i
 // at xq + 32 i). Adds run in CSR order, one accumulator per row.
@@ -315,10 +308,6 @@ __device__ __forceinline__ float4 csr_rows4_staged(const uint4* __restrict__ ip,
 // loaded meanwhile, so an output of 8 G entries waits one gather latency, not
 // G (the narrow head layers of small batches, whose few warps each wait for
 // every chunk's gathers from L2 in turn).
-#ifndef SPDNN_CSR4_GROUP
-#define SPDNN_CSR4_GROUP 4
-#endif
-
 template <bool VALS, int G>
 __device__ __forceinline__ float4 csr_rows4_grouped(const uint4* __restrict__ ip,
                                                     const float4* __restrict__ vp, int deg,
@@ -359,10 +348,6 @@ __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
 }
 
 // spans[j] = (first entry, degree) of output j in idx/vals (first a multiple of 8).
-#ifndef SPDNN_CSR4_MIN_BLOCKS
-#define SPDNN_CSR4_MIN_BLOCKS 1  // blocks an SM the L1/L2 form is compiled for (register cap)
-#endif
-
 template <bool SMEM, bool VALS>
 __global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREADS,
                                   SMEM ? 1 : SPDNN_CSR4_MIN_BLOCKS)

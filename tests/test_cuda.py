@@ -44,8 +44,11 @@ def test_kernel_sources_found_and_assembled():
     folder = lay.kernel_source_dir()
     for name in lay.KERNEL_HEADERS + lay.KERNEL_UNITS:
         assert folder.joinpath(name).is_file(), name
-    src = lay.assemble_source({"SPDNN_SMEM_THREADS": 256})
-    assert src.startswith("#define SPDNN_SMEM_THREADS 256\n")
+    from spdnn_mpi.backends.cuda.config import KernelConfig
+
+    config = KernelConfig(smem_threads=256)
+    src = lay.assemble_source(config)
+    assert src.startswith(config.define_block()) and "#define SPDNN_SMEM_THREADS 256\n" in src
     assert '#include "' not in src  # local headers inlined, so NVRTC needs no -I
     for kernel in ("layer_ell_smem", "layer_ell_global", "layer_csr", "layer_group", "compact_rows",
                    "scatter_rows", "stamp"):
@@ -215,10 +218,10 @@ def test_shared_memory_limit_of_a_kernel_is_only_raised():
 
 def _planning_launcher():
     """The launch planning of the CUDA backend with NumPy layouts and kernels by name."""
-    from spdnn_mpi.backends.cuda.backend import DEFAULT_DEFINES
+    from spdnn_mpi.backends.cuda.config import KernelConfig
     from spdnn_mpi.backends.cuda.launch import Launcher
 
-    return Launcher(np, _FakeModule(), dict(DEFAULT_DEFINES), 132, "auto",
+    return Launcher(np, _FakeModule(), KernelConfig(), 132, "auto",
                     lambda kern, threads, smem: 2)
 
 
@@ -357,17 +360,6 @@ def test_locality_order_puts_equal_input_sets_side_by_side():
     assert np.array_equal(np.sort(order), np.arange(len(rows)))
 
 
-def test_defines_are_parsed_as_name_int_and_anything_else_is_named():
-    from spdnn_mpi.backends.cuda.compile import parse_defines
-
-    assert parse_defines(["SPDNN_CSR4_GROUP=1", "SPDNN_X=-3"]) == {
-        "SPDNN_CSR4_GROUP": 1, "SPDNN_X": -3}
-    assert parse_defines([]) == {}
-    for bad in ("SPDNN_X", "SPDNN_X=1.5", "=4", "SPDNN_X="):
-        with pytest.raises(ValueError, match=f"{bad!r}: expected NAME=INT"):
-            parse_defines([bad])
-
-
 def test_unknown_variant_is_refused():
     from spdnn_mpi.errors import SpdnnError
 
@@ -476,7 +468,8 @@ def test_fixed_degree_uniform_layers_every_kernel(variant, degree, widths):
                                                      ([300, 1001, 203, 701], 16, 16),
                                                      ([2000, 3000, 70], 64, 40),
                                                      ([256, 256, 256], 8, 5)])
-def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, values):
+def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, values,
+                                                 monkeypatch):
     """Block-sparse layers (outputs sharing their inputs, groups of random size
     scattered over the output ids, random values and biases, odd widths) on the
     grouped kernel: ids exact, features within 1e-5 of the reference; uniform
@@ -496,9 +489,12 @@ def test_grouped_kernel_on_block_sparse_networks(widths, degree, max_group, valu
         _, ref = reference_infer(net, rows)
         assert np.array_equal(res.features, ref)
     # 16 slots a lane and warps taking 4 steps in a row: another split, the same sums
-    plain = _backend(variant="group", defines={"SPDNN_GROUP_CHUNK": 4,
-                                               "SPDNN_GROUP_LANE_SLOTS": 16,
-                                               "SPDNN_GROUP_MIN_BLOCKS": 2})
+    from spdnn_mpi.backends.cuda import launch
+    from spdnn_mpi.backends.cuda.config import KernelConfig
+
+    monkeypatch.setattr(launch, "GROUP_CHUNK", 4)
+    plain = _backend(variant="group",
+                     config=KernelConfig(group_lane_slots=16, group_min_blocks=2))
     plain.load_network(net.layers)
     again = run_inference(net, rows, plain, want_features=True)
     assert np.array_equal(again.alive_ids, res.alive_ids)

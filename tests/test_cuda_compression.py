@@ -86,7 +86,9 @@ def test_uniform_challenge_values_collapse_with_every_hash_equal(width):
     rng = np.random.default_rng(width)
     net = _uniform_saturating(rng, width, 40)
     rows = random_inputs(rng, 1500, width, 0.3)
-    off, auto = _both(net, rows, defines={"SPDNN_MERGE_COLLIDE": 1})
+    from spdnn_mpi.backends.cuda.config import KernelConfig
+
+    off, auto = _both(net, rows, config=KernelConfig(merge_collide=1))
     # a merge trusting the (all equal) hashes would fold every row into one
     _assert_exact(net, rows, off, auto)
     assert auto.compression[0] and 0 < len(off.alive_ids) < rows.n_rows

@@ -130,7 +130,7 @@ def test_csr4_on_pruned_degree_skew(widths, values):
     within 1e-5 of the reference, and the same bits for every form and group:
     the sums run in CSR order whatever the kernel."""
     from spdnn_mpi.backends.cuda.backend import CudaBackend
-    from spdnn_mpi.backends.cuda.compile import DEFAULT_DEFINES
+    from spdnn_mpi.backends.cuda.config import KernelConfig
 
     rng = np.random.default_rng(sum(widths) + values)
     layers = [_pruned_like_layer(rng, n_in, n_out, values,
@@ -141,8 +141,7 @@ def test_csr4_on_pruned_degree_skew(widths, values):
     rows = random_inputs(rng, 1000, widths[0], 0.3, binary=False)
     results = []
     for variant, group in (("auto", 4), ("global", 4), ("global", 1)):
-        backend = CudaBackend(variant=variant,
-                              defines={**DEFAULT_DEFINES, "SPDNN_CSR4_GROUP": group})
+        backend = CudaBackend(variant=variant, config=KernelConfig(csr4_group=group))
         backend.load_network(net.layers)
         kinds = set(backend.describe()["kernels"])
         assert kinds <= ({"csr4_smem", "csr4_global"} if variant == "auto" else {"csr4_global"})

@@ -23,11 +23,11 @@ import numpy as np
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.compile import (  # noqa: F401 (import_cupy: used by callers)
-    DEFAULT_DEFINES,
     compiled_module,
     import_cupy,
     kernel_names,
 )
+from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.graphs import GraphCache
 from spdnn_mpi.backends.cuda.launch import Launcher, blocks_per_sm
 from spdnn_mpi.backends.cuda.merge import DeviceMerge
@@ -67,7 +67,7 @@ class CudaBackend(Backend):
         device: int | None = None,
         variant: str = "auto",
         memory_fraction: float = 0.9,
-        defines: dict[str, int] | None = None,
+        config: KernelConfig | None = None,
         graphs: bool = True,
     ) -> None:
         lay.check_variant(variant)  # before CuPy, so a typo fails fast anywhere
@@ -91,7 +91,7 @@ class CudaBackend(Backend):
         self._smem_optin = int(props["sharedMemPerBlockOptin"])
         self.variant = variant
         self._memory_fraction = memory_fraction
-        self._defines = {**DEFAULT_DEFINES, **(defines or {})}
+        self.config = config or KernelConfig()
         with self._dev:
             self._stream = cp.cuda.Stream(non_blocking=True)
         self._layers: list[dict] = []
@@ -123,7 +123,7 @@ class CudaBackend(Backend):
         plans = [lay.plan_layer(layer, smem_limit, self.variant) for layer in layers]
         names = kernel_names({p.degree for p in plans if p.degree})
         t_compile = time.perf_counter()
-        self._mod = compiled_module(self.device_id, sorted(names), self._defines)
+        self._mod = compiled_module(self.device_id, sorted(names), self.config)
         compile_s = time.perf_counter() - t_compile
         self._compact = self._mod.get_function("compact_rows")
         self._stamp = self._mod.get_function("stamp")
@@ -138,7 +138,7 @@ class CudaBackend(Backend):
         layout_bytes = 0
         width = 0
         self._layers = []
-        launcher = Launcher(cp, self._mod, self._defines, self.sms, self.variant,
+        launcher = Launcher(cp, self._mod, self.config, self.sms, self.variant,
                             functools.partial(blocks_per_sm, self._props))
         with self._dev, self._stream:
             for layer, plan in zip(layers, plans):

@@ -16,8 +16,14 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import GROUP_CHUNK
+from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.model import Layer
+
+#: Warp steps a warp of the grouped kernels takes in a row before striding on (a
+#: kernel argument): 1 against 4 gave 54.6-57.3 against 52.9 TE/s at 1024 x 120 and
+#: 64.0-66.2 against 61.9 at 4096 x 120 (H200, 2026-12-03): the warps then cover
+#: about two tiles at a time, which stay in L2.
+GROUP_CHUNK = 1
 
 
 def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
@@ -39,15 +45,16 @@ class Launcher:
 
     cp: Any  # the array module of the layouts (CuPy; NumPy in tests)
     mod: Any  # the compiled module: get_function(name)
-    defines: dict[str, int]
+    config: KernelConfig
     sms: int
     variant: str
     blocks_per_sm: Callable[[Any, int, int], int]  # (kernel, threads, shared bytes)
 
     def threads(self, kind: str) -> int:
         """Threads a block of the kernels of ``kind``."""
-        return self.defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
-                              "group": "SPDNN_GROUP_THREADS"}.get(kind, "SPDNN_GLOBAL_THREADS")]
+        if kind in ("smem32", "csr4_smem"):
+            return self.config.smem_threads
+        return self.config.group_threads if kind == "group" else self.config.global_threads
 
     def kernel(self, name: str, smem_bytes: int):
         """A kernel of the module, allowed ``smem_bytes`` of dynamic shared memory."""
@@ -71,8 +78,8 @@ class Launcher:
         compressed, converged layers."""
         small = {}
         if plan.kind == "group":  # layers with values: the same kernel over the one tile
-            warps = self.defines["SPDNN_GROUP_THREADS"] // 32
-            per_step = self.defines["SPDNN_GROUP_LANE_SLOTS"] // 4  # groups a warp step
+            warps = self.config.group_threads // 32
+            per_step = self.config.group_lane_slots // 4  # groups a warp step
             g = max(1, min(grid, -(-n_groups // (per_step * warps))))
             return {rows: (kern, g, self.threads("group"), 0) for rows in lay.ELL_ROWS}
         for rows in lay.ELL_ROWS:
@@ -105,7 +112,7 @@ class Launcher:
             keep += [groups.indices, groups.out_ids, groups.weights]
             head = (np.int32(groups.n_groups), groups.indices, groups.out_ids, groups.weights,
                     np.int32(groups.wstride))
-            extra: tuple = (*head, np.int32(self.defines.get("SPDNN_GROUP_CHUNK", GROUP_CHUNK)))
+            extra: tuple = (*head, np.int32(GROUP_CHUNK))
             extra_held = (*head, np.int32(1))
         elif plan.is_ell:
             extra = lay.ell_layout(layer, cp)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer
 
@@ -56,9 +57,10 @@ def read_kernel_file(name: str) -> str:
     return kernel_source_dir().joinpath(name).read_text(encoding="utf-8")
 
 
-def assemble_source(defines: dict[str, int | float] | None = None) -> str:
-    """One self-contained program: ``#define`` block, then every unit with its
-    local ``#include "..."`` lines inlined once (NVRTC then needs no include path)."""
+def assemble_source(config: KernelConfig | None = None) -> str:
+    """One self-contained program: the ``#define`` block of ``config`` (default:
+    the defaults), then every unit with its local ``#include "..."`` lines inlined
+    once (NVRTC then needs no include path)."""
     seen: set[str] = set()
 
     def expand(name: str) -> str:
@@ -68,7 +70,7 @@ def assemble_source(defines: dict[str, int | float] | None = None) -> str:
         text = _PRAGMA_ONCE.sub("", read_kernel_file(name))
         return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
 
-    head = "".join(f"#define {k} {v}\n" for k, v in sorted((defines or {}).items()))
+    head = (config or KernelConfig()).define_block()
     return head + "\n".join(expand(unit) for unit in KERNEL_UNITS)
 
 
