@@ -212,8 +212,8 @@ def test_shared_memory_limit_of_a_kernel_is_only_raised():
     wide, narrow = (random_network(rng, [n_in, 40], 0.1).layers[0] for n_in in (644, 533))
     for layer in (wide, narrow):
         entry = launcher.layer_entry(layer, lay.plan_layer(layer, limit), limit)
-        assert entry["plan"].kind == "csr4_smem"
-    assert entry["kern"].max_dynamic_shared_size_bytes == 644 * 128
+        assert entry.plan.kind == "csr4_smem"
+    assert entry.full.kern.max_dynamic_shared_size_bytes == 644 * 128
 
 
 def _planning_launcher():
@@ -234,12 +234,12 @@ def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held
     limit = 227 * 1024
     layer = radixnet_network(n, 1).layers[0]
     entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
-    assert entry["kern"].name == "layer_group_sum<32>" and entry["plan"].kind == "group"
-    for rows, (kern, grid, threads, smem) in entry["small"].items():
+    assert entry.full.kern.name == "layer_group_sum<32>" and entry.plan.kind == "group"
+    for rows, (kern, grid, threads, smem) in entry.small.items():
         assert kern.name == f"{held_kernel}<32,{rows},true>" and grid >= 1
         assert threads == (512 if held_kernel == "layer_ell_smem" else 256)
         assert smem == (n * 32 * 4 if held_kernel == "layer_ell_smem" else 0)
-    idx, out_ids = entry["extra_held"]
+    idx, out_ids = entry.extra_held
     assert idx.dtype == np.uint16 and out_ids.dtype == np.int32
     assert np.array_equal(np.sort(out_ids), np.arange(n))  # every output once
     rows = layer.indices.reshape(n, 32)
@@ -257,7 +257,7 @@ def test_uniform_grouped_layers_take_the_shared_sum_form():
     valued = Layer(layer.n_in, layer.n_out, layer.indptr, layer.indices, values, None, -0.3)
     for case, want in [(layer, "layer_group_sum<32>"), (valued, "layer_group<32>")]:
         entry = _planning_launcher().layer_entry(case, lay.plan_layer(case, limit), limit)
-        assert entry["plan"].kind == "group" and entry["kern"].name == want
+        assert entry.plan.kind == "group" and entry.full.kern.name == want
 
 
 @pytest.mark.parametrize("n_in,kind,kernel", [(300, "csr4_smem", "layer_csr4<true,true>"),
@@ -270,9 +270,13 @@ def test_launch_of_general_layers(n_in, kind, kernel):
     layer = Layer.from_coo(i, j, rng.normal(size=400), n_in, 50)
     limit = 227 * 1024
     entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
-    assert entry["plan"].kind == kind and entry["kern"].name == kernel
-    assert entry["extra_held"] is entry["extra"] and len(entry["extra"]) == 3
-    assert {k.name for k, *_ in entry["small"].values()} == {kernel}
+    assert entry.plan.kind == kind and entry.full.kern.name == kernel
+    assert entry.extra_held is entry.extra and len(entry.extra) == 3
+    assert {launch.kern.name for launch in entry.small.values()} == {kernel}
+    assert entry.form(0) == (entry.full, entry.extra)
+    assert entry.form(16) == (entry.small[16], entry.extra_held)
+    assert entry.full.smem == entry.plan.smem_bytes
+    assert entry.layout_bytes == sum(a.nbytes for a in entry.keep) > 0
 
 
 def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():
@@ -283,8 +287,8 @@ def test_converged_grouped_layers_with_values_stay_on_the_grouped_kernel():
     values = np.random.default_rng(0).normal(size=base.nnz).astype(np.float32)
     layer = Layer(base.n_in, base.n_out, base.indptr, base.indices, values, None, -0.3, 32.0)
     entry = _planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
-    assert {k.name for k, *_ in entry["small"].values()} == {"layer_group<32>"}
-    assert entry["extra_held"][:5] == entry["extra"][:5] and entry["extra_held"][-1] == 1
+    assert {launch.kern.name for launch in entry.small.values()} == {"layer_group<32>"}
+    assert entry.extra_held[:5] == entry.extra[:5] and entry.extra_held[-1] == 1
 
 
 def test_compaction_pass_only_before_kernels_that_cannot_write_it():
@@ -292,6 +296,7 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     when the next layer's kernel does not compact on write (the general CSR); after
     the last layer a compaction stays pending (finish reads the mask)."""
     from spdnn_mpi.backends.cuda.backend import CudaBackend
+    from spdnn_mpi.backends.cuda.launch import Launch, LayerLaunch
 
     calls = []
 
@@ -305,9 +310,8 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     backend._live_hist, backend._stamps = None, None
     backend._compact = kernel("compact_rows")
     backend._n_layers = len(kinds)
-    backend._layers = [{"plan": lay.LayerPlan(kind, kind, 0, 0), "head": (), "extra": (),
-                        "kern": kernel(kind), "grid": 1, "threads": 32, "n_out": 8}
-                       for kind in kinds]
+    backend._layers = [LayerLaunch(lay.LayerPlan(kind, kind, 0, 0), Launch(kernel(kind), 1, 32, 0),
+                                   {}, 8, 8, (), (), (), ()) for kind in kinds]
     for k in range(len(kinds)):
         backend._launch(k, drop_dead=True, held=0)
     assert calls == ["group", "compact_rows", "csr_global", "smem32", "global",

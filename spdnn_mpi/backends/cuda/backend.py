@@ -29,7 +29,7 @@ from spdnn_mpi.backends.cuda.compile import (  # noqa: F401 (import_cupy: used b
 )
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.graphs import GraphCache
-from spdnn_mpi.backends.cuda.launch import Launcher, blocks_per_sm
+from spdnn_mpi.backends.cuda.launch import Launcher, LayerLaunch, blocks_per_sm
 from spdnn_mpi.backends.cuda.merge import DeviceMerge
 from spdnn_mpi.backends.cuda.readback import (
     ST_COMPACTIONS,
@@ -94,7 +94,7 @@ class CudaBackend(Backend):
         self.config = config or KernelConfig()
         with self._dev:
             self._stream = cp.cuda.Stream(non_blocking=True)
-        self._layers: list[dict] = []
+        self._layers: list[LayerLaunch] = []
         self._mod = None
         self._n_layers = 0
         self.width = 0
@@ -143,10 +143,10 @@ class CudaBackend(Backend):
         with self._dev, self._stream:
             for layer, plan in zip(layers, plans):
                 entry = launcher.layer_entry(layer, plan, smem_limit)
-                kind = entry["plan"].kind
+                kind = entry.plan.kind
                 kinds[kind] = kinds.get(kind, 0) + 1
-                forms[entry["plan"].kernel] = forms.get(entry["plan"].kernel, 0) + 1
-                layout_bytes += sum(int(a.nbytes) for a in entry["keep"])
+                forms[entry.plan.kernel] = forms.get(entry.plan.kernel, 0) + 1
+                layout_bytes += entry.layout_bytes
                 self._layers.append(entry)
                 width = max(width, layer.n_in, layer.n_out)
                 if progress is not None:
@@ -168,7 +168,7 @@ class CudaBackend(Backend):
             "layout_bytes": layout_bytes,
             "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
             "compile_seconds": round(compile_s, 4),
-            "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
+            "grids": sorted({(e.plan.kind, e.full.grid, e.full.threads) for e in self._layers}),
         }
 
     # -- features ------------------------------------------------------------
@@ -257,17 +257,13 @@ class CudaBackend(Backend):
         L = self._layers[k]
         kk = np.int32(k)
         drop = drop_dead and not held
-        if held:
-            (kern, grid, threads, smem), extra = L["small"][held], L["extra_held"]
-        else:
-            kern, grid, threads, smem = L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes
-            extra = L["extra"]
-        args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
+        launch, extra = L.form(held)
+        args = (self._ptrs, *L.head, self._state, self._live_hist, self._stamps, kk,
                 np.int32(1 if drop else 0), *extra)
-        kern((grid,), (threads,), args, shared_mem=smem)
+        launch.kern((launch.grid,), (launch.threads,), args, shared_mem=launch.smem)
         if drop and not self._compacts_on_write(k + 1):
             self._compact((self.sms * 8,), (256,),
-                          (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
+                          (self._ptrs, np.int32(L.n_out), self._state, self._stamps, kk))
 
     def _compacts_on_write(self, k: int) -> bool:
         """Whether layer ``k`` writes the compaction its predecessor may ask for
@@ -275,7 +271,7 @@ class CudaBackend(Backend):
         ``finish`` reads the survivors from the mask, and a merge runs it first."""
         if k >= self._n_layers:
             return True
-        return lay.compacts_on_write(self._layers[k]["plan"].kind)
+        return lay.compacts_on_write(self._layers[k].plan.kind)
 
     def _flush(self, gather: tuple | None = None) -> None:
         """Launch the queued layers: a cached graph when possible, else one by one.
@@ -345,7 +341,7 @@ class CudaBackend(Backend):
         with self._dev, self._stream:
             # a compaction left pending by the last layer first (a no-op otherwise)
             self._compact((self.sms * 8,), (256,),
-                          (self._ptrs, np.int32(self._layers[k]["n_out"]), self._state,
+                          (self._ptrs, np.int32(self._layers[k].n_out), self._state,
                            self._stamps, np.int32(k)))
             n = int(self._state[ST_ROWS].get())  # after the queued layers
             if n == 0:
@@ -353,7 +349,7 @@ class CudaBackend(Backend):
                 return RowGroups(0, empty, empty, empty)
             groups = self._merger.merge(ptrs=self._ptrs, state=self._state, stamps=self._stamps,
                                         mask=self._masks[k & 1], compact=self._compact, n=n,
-                                        width=self._layers[k]["n_out"], k=k)
+                                        width=self._layers[k].n_out, k=k)
         if groups.representatives <= lay.TILE_ROWS:  # one tile from here on: few rows
             self._held = lay.rows_bucket(max(1, groups.representatives))
         self._track_peak()
@@ -376,7 +372,7 @@ class CudaBackend(Backend):
         matters for small batches); large results are read in two steps.
         """
         n_run = self._layers_run
-        width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
+        width = self._layers[n_run - 1].n_out if n_run else self._in_width
         results = self._results
         allocations = results.allocations
         read = results.prepare(n_run, width, want_features, self._loaded_rows)
