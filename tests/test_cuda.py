@@ -295,8 +295,10 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
     """The layer loop launches compact_rows after a layer that may drop rows only
     when the next layer's kernel does not compact on write (the general CSR); after
     the last layer a compaction stays pending (finish reads the mask)."""
-    from spdnn_mpi.backends.cuda.backend import CudaBackend
+    import contextlib
+
     from spdnn_mpi.backends.cuda.launch import Launch, LayerLaunch
+    from spdnn_mpi.backends.cuda.layer_queue import LayerQueue
 
     calls = []
 
@@ -305,19 +307,17 @@ def test_compaction_pass_only_before_kernels_that_cannot_write_it():
 
     kinds = ["group", "csr_global", "smem32", "global", "csr_smem", "csr4_smem",
              "csr4_global", "group"]
-    backend = object.__new__(CudaBackend)  # the loop's host logic only, no device
-    backend.sms, backend._ptrs, backend._state = 132, None, None
-    backend._live_hist, backend._stamps = None, None
-    backend._compact = kernel("compact_rows")
-    backend._n_layers = len(kinds)
-    backend._layers = [LayerLaunch(lay.LayerPlan(kind, kind, 0, 0), Launch(kernel(kind), 1, 32, 0),
-                                   {}, 8, 8, (), (), (), ()) for kind in kinds]
+    buffers = types.SimpleNamespace(ptrs=None, state=None, live_hist=None, stamps=None)
+    queue = LayerQueue(buffers, None, contextlib.nullcontext(), None, 132, graphs=False)
+    queue.attach(types.SimpleNamespace(get_function=kernel),
+                 [LayerLaunch(lay.LayerPlan(kind, kind, 0, 0), Launch(kernel(kind), 1, 32, 0),
+                              {}, 8, 8, (), (), (), ()) for kind in kinds])
     for k in range(len(kinds)):
-        backend._launch(k, drop_dead=True, held=0)
+        queue.launch(k, drop_dead=True, held=0)
     assert calls == ["group", "compact_rows", "csr_global", "smem32", "global",
                      "compact_rows", "csr_smem", "csr4_smem", "csr4_global", "group"]
     calls.clear()
-    backend._launch(0, drop_dead=False, held=0)  # nothing dropped: nothing to move
+    queue.launch(0, drop_dead=False, held=0)  # nothing dropped: nothing to move
     assert calls == ["group"]
     assert not lay.compacts_on_write("csr_smem") and lay.compacts_on_write("group")
 
@@ -884,13 +884,12 @@ def test_graph_cache_keys_pieces_by_what_they_launch_and_turns_off_on_failure():
 
 
 def test_layer_pieces_are_captured_once_then_launched_as_graphs():
-    """The backend's loop over the graph cache (host logic, fake stream): a piece is
+    """The layer queue over the graph cache (host logic, fake stream): a piece is
     captured on first sight and its graph launched; the same piece again is only
     launched; with graphs off the layers are launched one by one."""
     import contextlib
 
-    from spdnn_mpi.backends.cuda.backend import CudaBackend
-    from spdnn_mpi.backends.cuda.graphs import GraphCache
+    from spdnn_mpi.backends.cuda.layer_queue import LayerQueue
 
     class Graph:
         def __init__(self, log):
@@ -909,29 +908,34 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
             log.append("end")
             return Graph(log)
 
-    backend = object.__new__(CudaBackend)
-    backend._dev, backend._stream = contextlib.nullcontext(), Stream()
-    backend._graph_cache = GraphCache(on=True)
-    backend._held, backend._merging = 0, False
-    backend._launch = lambda k, drop, held: log.append(f"layer{k}")
-    backend._gather = lambda grid, threads, args: log.append("gather")
-    backend._results = type("Results", (), {
-        "enqueue_copy": staticmethod(lambda stream, words: log.append(f"copy{words}"))})()
+    results = types.SimpleNamespace(
+        enqueue_copy=lambda stream, words: log.append(f"copy{words}"))
+    queue = LayerQueue(types.SimpleNamespace(), results, contextlib.nullcontext(), Stream(),
+                       132, graphs=True)
+    queue.attach(types.SimpleNamespace(get_function=lambda name: (
+        lambda grid, threads, args: log.append("gather"))), [])
+    queue.launch = lambda k, drop, held: log.append(f"layer{k}")
     gather = (4, (np.int32(3),), (4, 3, (1, 2, 77)), 77)
     for expected in (["begin", "layer0", "layer1", "gather", "copy77", "end", "graph"],
                      ["graph"]):
         log.clear()
-        backend._pending = [(0, True), (1, False)]
-        backend._flush(gather=gather)
+        queue.start_batch()
+        queue.add(0, True)
+        queue.add(1, False)
+        queue.flush(gather=gather)
         assert log == expected
     log.clear()  # another copy size is another graph
-    backend._pending = [(0, True), (1, False)]
-    backend._flush(gather=(4, (np.int32(3),), (4, 3, (1, 2, 0)), 0))
+    queue.pending = [(0, True), (1, False)]
+    queue.flush(gather=(4, (np.int32(3),), (4, 3, (1, 2, 0)), 0))
     assert log == ["begin", "layer0", "layer1", "gather", "end", "graph"]
-    backend._graph_cache.on = False
+    log.clear()  # merging: the piece is captured for every number of rows held
+    queue.merging, queue.pending = True, [(2, True)]
+    queue.flush()
+    assert log == ["begin", "layer2", "end"] * 4 + ["graph"]
+    queue.graphs.on = False
     log.clear()
-    backend._pending = [(0, True)]
-    backend._flush(gather=gather)
+    queue.pending = [(0, True)]
+    queue.flush(gather=gather)
     assert log == ["layer0", "gather", "copy77"]
 
 

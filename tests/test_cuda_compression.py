@@ -143,4 +143,4 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
     backend = _backend()
     backend.load_network(net.layers)
     run_inference(net, rows, backend, compress="auto")
-    assert backend._held == held
+    assert backend._queue.held == held
