@@ -3,14 +3,11 @@
 // per output (block-sparse weights; every RadiX-Net layer, the official
 // networks' included, is made of groups of 16 outputs sharing 32 inputs).
 //
-// A group holds up to 16 outputs (unused slots have output id -1) and one
-// D x 16 weight block, k-major: w[k * 16 + o] is the weight of input k for
-// slot o. Uniform layers pass one block of ones shared by every group
-// (wstride 0) and their value as the epilogue scale, so each slot sums its
-// inputs in CSR order exactly as the other kernels and the reference do;
-// layers with values pass one block per group (wstride D * 16). Every slot
-// does its own D multiply-adds: nothing is shared between outputs but the
-// loaded inputs.
+// layer_group (layers with per-edge values): a group holds up to 16 outputs
+// (unused slots have output id -1) and one D x 16 weight block, k-major:
+// w[k * 16 + o] is the weight of input k for slot o (wstride D * 16 floats
+// from one group's block to the next). Every slot does its own D
+// multiply-adds: nothing is shared between outputs but the loaded inputs.
 //
 // A lane holds 4 consecutive rows of a tile (float4) and computes LS slots
 // (SPDNN_GROUP_LANE_SLOTS) of one group: 8 lanes a group and 4 groups a warp
@@ -19,16 +16,16 @@
 // of 4. Units run tile-major, so the groups that read one input line of a tile
 // run close together and the second read hits in L2. Once one tile of
 // compressed rows is held, uniform layers run the few-row ELL kernels instead
-// (the same sums; cuda.py), layers with values this kernel over that tile.
+// (the same sums; launch.py), layers with values this kernel over that tile.
 //
-// Uniform layers (one value for every weight) also have a shared-sum form,
-// layer_group_sum: the outputs of a group read the same inputs with the same
-// weight, so the per-slot sums above are one and the same sequence of adds.
-// It is done once per group and row (in CSR order, as every slot did) and
-// each slot applies its own scale, bias and activation: the same bits, with
-// 1/16 of the adds and no weight loads, so the kernel is a stream of input
-// loads and output stores. Every live row and every output is still computed
-// and written (no rows are merged: that is the compressed mode's business).
+// layer_group_sum (uniform layers, one value for every weight): the outputs
+// of a group read the same inputs with the same weight, so their sums are one
+// and the same sequence of adds. It is done once per group and row (in CSR
+// order, as the other kernels and the reference add) and each slot applies
+// its own scale, bias and activation: the same bits, with 1/16 of the adds
+// and no weight loads, so the kernel is a stream of input loads and output
+// stores. Every live row and every output is still computed and written (no
+// rows are merged: that is the compressed mode's business).
 #include "spdnn_layer.cuh"
 
 #define GROUP_SLOTS 16
@@ -226,8 +223,8 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
 // gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
 // wstride: floats from one group's block to the next (0: one shared block),
 // chunk: consecutive warp steps a warp takes before striding on (fewer atomics
-// on the tile masks, but the warps then spread over more tiles at once: 1 was
-// measured best, docs/performance.md).
+// on the tile masks, but the warps then spread over more tiles at once: 1
+// measured best, launch.py GROUP_CHUNK).
 template <int D>
 __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
     layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,

@@ -10,6 +10,8 @@
 //   layer_ell_smem<D>      uniform weights, D inputs per output; a block
 //                          stages whole 32-row tiles in shared memory.
 //   layer_ell_global<D>    same, inputs read through L1/L2 (large n_in).
+//   layer_csr4<SMEM, VALS> any degree, per-nonzero values or uniform, 16-bit
+//                          indices; the ELL kernels' float4 rows.
 //   layer_csr<SMEM, VALS, I>  any CSR: variable degree, per-nonzero values,
 //                          32-bit indices when n_in > 65536.
 // Sums run in CSR order with one accumulator, as the scipy reference does,
@@ -40,7 +42,8 @@ __device__ __forceinline__ void stage_tile(float* xs, const float* __restrict__ 
 // quarter-warp reads one 128-byte line per gather (no bank conflicts in
 // shared memory, one L1 wavefront in global memory). One 16-byte load feeds
 // four adds, so address arithmetic no longer competes with the loads for
-// issue slots (docs/performance.md, v5). When at most ROWS < 32 rows are
+// issue slots (late layers of the 1024-wide network: 47.7 -> 29.8 us against
+// one float a lane, H200, 2026-12-02). When at most ROWS < 32 rows are
 // held (one tile of compressed, converged rows), ROWS / 4 lanes compute an
 // output and a gather reads ROWS * 4 bytes: fewer sectors per input.
 

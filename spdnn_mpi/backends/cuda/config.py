@@ -8,9 +8,8 @@ the NVRTC program (``layout.assemble_source``) and in
 and so on. Names that are not fields are refused: a typo would otherwise
 become a new ``#define`` that no kernel reads.
 
-Each default says what it was measured against (card, date, figures; the
-whole measurements are in docs/performance.md). Settings that only the host
-reads are not here: they are constants or constructor arguments of the
+Each default says what it was measured against (card, date, figures).
+Settings that only the host reads are not here: they are constants or constructor arguments of the
 modules that use them (e.g. ``launch.GROUP_CHUNK``).
 """
 
