@@ -65,7 +65,9 @@ class KernelConfig:
     # -- CSR4 kernel (layer_csr4: any degree, 16-bit indices) ---------------------
     #: chunks of 8 entries whose gathers the L1/L2 form issues together; 4 against
     #: one chunk at a time: the 10-output head of the 90 % pruned MNIST model at 1000
-    #: digits 9.2 against 12.8 us (H100, 2026-12-05)
+    #: digits 9.2 against 12.8 us (H100, 2026-12-05). Layers with values too wide to
+    #: stage (n_in > 1792) take the same form: not measured there (230-255 registers,
+    #: still one 256-thread block an SM)
     csr4_group: int = 4
     #: blocks an SM the L1/L2 form is compiled for (1: no register cap); 3 or 4
     #: made the 90 % model's head 18.9-20.5 against 12.8 us at 1000 digits (H200,
