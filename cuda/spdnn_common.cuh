@@ -6,28 +6,14 @@
 // reads 128 contiguous bytes per input neuron.  Everything the layer loop
 // needs to decide (rows alive, tiles in use, which buffer is current) lives in
 // a small int array on the device, so the host never waits inside the loop.
+//
+// Every SPDNN_* parameter comes from the #define block of KernelConfig
+// (spdnn_mpi/backends/cuda/config.py), put before these files: the NVRTC
+// program of the backend and tools/compile_kernels.sh both do.
 #pragma once
 
 #ifndef SPDNN_SMEM_THREADS
-#define SPDNN_SMEM_THREADS 512
-#endif
-#ifndef SPDNN_GLOBAL_THREADS
-#define SPDNN_GLOBAL_THREADS 256
-#endif
-#ifndef SPDNN_CSR_WARP_OUTPUTS
-#define SPDNN_CSR_WARP_OUTPUTS 8  // outputs per warp in one work item of layer_csr (L1/L2 form)
-#endif
-#ifndef SPDNN_CSR_ITEMS_PER_BLOCK
-#define SPDNN_CSR_ITEMS_PER_BLOCK 1  // layer_csr (staged form) splits outputs until each block has this many items
-#endif
-#ifndef SPDNN_COMPACT_DIV
-#define SPDNN_COMPACT_DIV 10  // compact when it frees at least 1/DIV of the tiles
-#endif
-#ifndef SPDNN_CP_ASYNC
-#define SPDNN_CP_ASYNC 1  // stage tiles with cp.async (all copies in flight) rather than ld/st
-#endif
-#ifndef SPDNN_COMPACT_WARP_NEURONS
-#define SPDNN_COMPACT_WARP_NEURONS 64
+#error "SPDNN_* settings missing: compile after KernelConfig().define_block() (spdnn_mpi/backends/cuda/config.py)"
 #endif
 
 // Slots of the int state array.
@@ -54,14 +40,7 @@
 #define P_TILE_BASE 5
 #define P_TSTRIDE 6
 #define P_MAX_TILES 7
-// The batch's input rows (CSR, set per batch), read by the first layer's push
-// form (spdnn_push.cu): indptr (i64), indices (u16 or int), values (float,
-// null: binary), the row of each slot (int).
-#define P_IN_INDPTR 8
-#define P_IN_INDICES 9
-#define P_IN_VALUES 10
-#define P_IN_SEL 11
-#define P_SIZE 12
+#define P_SIZE 8
 
 typedef unsigned short u16;
 typedef unsigned int u32;

@@ -3,14 +3,11 @@
 // per output (block-sparse weights; every RadiX-Net layer, the official
 // networks' included, is made of groups of 16 outputs sharing 32 inputs).
 //
-// A group holds up to 16 outputs (unused slots have output id -1) and one
-// D x 16 weight block, k-major: w[k * 16 + o] is the weight of input k for
-// slot o. Uniform layers pass one block of ones shared by every group
-// (wstride 0) and their value as the epilogue scale, so each slot sums its
-// inputs in CSR order exactly as the other kernels and the reference do;
-// layers with values pass one block per group (wstride D * 16). Every slot
-// does its own D multiply-adds: nothing is shared between outputs but the
-// loaded inputs.
+// layer_group (layers with per-edge values): a group holds up to 16 outputs
+// (unused slots have output id -1) and one D x 16 weight block, k-major:
+// w[k * 16 + o] is the weight of input k for slot o (wstride D * 16 floats
+// from one group's block to the next). Every slot does its own D
+// multiply-adds: nothing is shared between outputs but the loaded inputs.
 //
 // A lane holds 4 consecutive rows of a tile (float4) and computes LS slots
 // (SPDNN_GROUP_LANE_SLOTS) of one group: 8 lanes a group and 4 groups a warp
@@ -19,40 +16,18 @@
 // of 4. Units run tile-major, so the groups that read one input line of a tile
 // run close together and the second read hits in L2. Once one tile of
 // compressed rows is held, uniform layers run the few-row ELL kernels instead
-// (the same sums; cuda.py), layers with values this kernel over that tile.
+// (the same sums; launch.py), layers with values this kernel over that tile.
 //
-// Uniform layers (one value for every weight) also have a shared-sum form,
-// layer_group_sum: the outputs of a group read the same inputs with the same
-// weight, so the per-slot sums above are one and the same sequence of adds.
-// It is done once per group and row (in CSR order, as every slot did) and
-// each slot applies its own scale, bias and activation: the same bits, with
-// 1/16 of the adds and no weight loads, so the kernel is a stream of input
-// loads and output stores. Every live row and every output is still computed
-// and written (no rows are merged: that is the compressed mode's business).
+// layer_group_sum (uniform layers, one value for every weight): the outputs
+// of a group read the same inputs with the same weight, so their sums are one
+// and the same sequence of adds. It is done once per group and row (in CSR
+// order, as the other kernels and the reference add) and each slot applies
+// its own scale, bias and activation: the same bits, with 1/16 of the adds
+// and no weight loads, so the kernel is a stream of input loads and output
+// stores. Every live row and every output is still computed and written (no
+// rows are merged: that is the compressed mode's business).
 #include "spdnn_layer.cuh"
 
-#ifndef SPDNN_GROUP_THREADS
-#define SPDNN_GROUP_THREADS 256
-#endif
-#ifndef SPDNN_GROUP_MIN_BLOCKS
-#define SPDNN_GROUP_MIN_BLOCKS 3  // blocks per SM the register budget must allow (3: 80 registers)
-#endif
-#ifndef SPDNN_GROUP_LANE_SLOTS
-#define SPDNN_GROUP_LANE_SLOTS 8  // slots a lane computes: 8 (a group per 16 lanes) or 16 (per 8)
-#endif
-#ifndef SPDNN_GROUP_BATCH
-#define SPDNN_GROUP_BATCH 8  // input loads issued per lane before their multiply-adds
-#endif
-#ifndef SPDNN_GSUM_MIN_BLOCKS
-#define SPDNN_GSUM_MIN_BLOCKS 2  // blocks per SM of the shared-sum form
-#endif
-#ifndef SPDNN_GSUM_COALESCE
-#define SPDNN_GSUM_COALESCE 1  // compacting stores of the shared-sum form in slot order
-                                // (0: each lane its own rows)
-#endif
-#ifndef SPDNN_GSUM_BATCH
-#define SPDNN_GSUM_BATCH 32  // input loads per lane in flight in the shared-sum form
-#endif
 #define GROUP_SLOTS 16
 
 // Calls f(slot, output id) for each used slot of the LS a lane computes (op:
@@ -180,7 +155,7 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
       }
     }
   }
-  if constexpr (SUM && COMPACT && SPDNN_GSUM_COALESCE) {
+  if constexpr (SUM && COMPACT) {
     return sum_store_compacted<LS>(acc[0], op, a, o, dst, stage);
   }
   u32 alive = 0u;
@@ -248,8 +223,8 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
 // gout: n_groups x 16 output ids (-1: unused slot), gw: weight blocks,
 // wstride: floats from one group's block to the next (0: one shared block),
 // chunk: consecutive warp steps a warp takes before striding on (fewer atomics
-// on the tile masks, but the warps then spread over more tiles at once: 1 was
-// measured best, docs/performance.md).
+// on the tile masks, but the warps then spread over more tiles at once: 1
+// measured best, launch.py GROUP_CHUNK).
 template <int D>
 __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
     layer_group(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,

@@ -10,6 +10,8 @@
 //   layer_ell_smem<D>      uniform weights, D inputs per output; a block
 //                          stages whole 32-row tiles in shared memory.
 //   layer_ell_global<D>    same, inputs read through L1/L2 (large n_in).
+//   layer_csr4<SMEM, VALS> any degree, per-nonzero values or uniform, 16-bit
+//                          indices; the ELL kernels' float4 rows.
 //   layer_csr<SMEM, VALS, I>  any CSR: variable degree, per-nonzero values,
 //                          32-bit indices when n_in > 65536.
 // Sums run in CSR order with one accumulator, as the scipy reference does,
@@ -30,15 +32,9 @@ __device__ __forceinline__ void stage_tile(float* xs, const float* __restrict__ 
   const int n = n_in * Q;
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
     const int at = Q == 8 ? e : (e / Q) * 8 + e % Q;
-#if SPDNN_CP_ASYNC
     cp_async16(to + at, from + at);
-#else
-    to[at] = __ldcg(from + at);
-#endif
   }
-#if SPDNN_CP_ASYNC
   cp_async_wait_all();
-#endif
 }
 
 // The ELL kernels give a lane 4 consecutive rows of a 32-row tile (one
@@ -46,7 +42,8 @@ __device__ __forceinline__ void stage_tile(float* xs, const float* __restrict__ 
 // quarter-warp reads one 128-byte line per gather (no bank conflicts in
 // shared memory, one L1 wavefront in global memory). One 16-byte load feeds
 // four adds, so address arithmetic no longer competes with the loads for
-// issue slots (docs/performance.md, v5). When at most ROWS < 32 rows are
+// issue slots (late layers of the 1024-wide network: 47.7 -> 29.8 us against
+// one float a lane, H200, 2026-12-02). When at most ROWS < 32 rows are
 // held (one tile of compressed, converged rows), ROWS / 4 lanes compute an
 // output and a gather reads ROWS * 4 bytes: fewer sectors per input.
 
@@ -65,13 +62,6 @@ __device__ __forceinline__ void add_rows4(float4& acc, const float4 x) {
   acc.z += x.z;
   acc.w += x.w;
 }
-
-#ifndef SPDNN_ELL_BATCH
-#define SPDNN_ELL_BATCH 8  // gathers issued per lane before their adds (H200 sweep: 8 beats 16 and 32)
-#endif
-#ifndef SPDNN_FEW_BATCH
-#define SPDNN_FEW_BATCH 32  // the same with one tile held (FEW): a layer is one latency, not four
-#endif
 
 // Sums of the D inputs of one output for this lane's 4 rows: ip points at the
 // output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows (neuron i
@@ -101,10 +91,6 @@ __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, con
   return acc;
 }
 
-#ifndef SPDNN_TILE_SHARES
-#define SPDNN_TILE_SHARES 1  // few tiles: split each tile among grid / n_tiles blocks (0: plain shares)
-#endif
-
 // The block's range [begin, end) of the n_tiles x n_steps (tile, output step)
 // units. Plain shares are contiguous and equal, so blocks differ by at most
 // one unit, but with no more tiles than blocks (small batches) most shares
@@ -115,7 +101,7 @@ __device__ __forceinline__ void block_units(int n_tiles, int n_steps, int nwarps
                                             i64& end) {
   const i64 n_units = (i64)n_tiles * n_steps;
   const i64 per_block = (n_units + gridDim.x - 1) / gridDim.x;
-  if (SPDNN_TILE_SHARES && n_tiles > 0 && n_tiles <= (int)gridDim.x) {
+  if (n_tiles > 0 && n_tiles <= (int)gridDim.x) {
     const int parts = (int)gridDim.x / n_tiles;
     const int per_part = (n_steps + parts - 1) / parts;
     if (per_part <= per_block + nwarps) {
@@ -238,18 +224,6 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
 // them come in one 16-byte load (two for values); entries past the degree
 // are loaded (index 0) but not added. Sums in CSR order, one fmaf per value
 // as in layer_csr, so both give the same bits.
-//
-// Through L1/L2 (SMEM false), with SPDNN_CSR4_GROUP = 1 (the default is the
-// grouped form below), the loads of indices and values run
-// SPDNN_CSR4_AHEAD chunks of 8 ahead of the chunk being added, so a chunk's
-// gathers (global loads too) start without waiting for its indices. The
-// staged form, whose gathers are shared loads, loads one chunk ahead: two made
-// its layers slower (H200, pruned MNIST layers at 1000 images: 62 against
-// 48 us). docs/performance.md, v9.
-#ifndef SPDNN_CSR4_AHEAD
-#define SPDNN_CSR4_AHEAD 2
-#endif
-
 struct Csr4Chunk {
   uint4 idx;
   float4 v0, v1;
@@ -301,14 +275,6 @@ __device__ __forceinline__ void csr4_fma(float4& acc, const Csr4Chunk& k, int le
   }
 }
 
-template <bool SMEM, bool VALS>
-__device__ __forceinline__ void csr4_add(float4& acc, const Csr4Chunk& k, int left,
-                                         const float* xq) {
-  float4 x[8];
-  csr4_gather<SMEM>(x, k, xq);
-  csr4_fma<VALS>(acc, k, left, x);
-}
-
 // The first N of an output's n chunks into the ring.
 template <bool VALS, int N>
 __device__ __forceinline__ void csr4_first_chunks(Csr4Chunk (&ring)[N],
@@ -320,20 +286,31 @@ __device__ __forceinline__ void csr4_first_chunks(Csr4Chunk (&ring)[N],
   }
 }
 
-// SPDNN_CSR4_GROUP G > 1 (the L1/L2 form only): the gathers of G chunks are
-// issued before the first of their adds, and the next G chunks' indices and
-// values are loaded meanwhile, so an output of 8 G entries waits one gather
-// latency, not G. For the narrow head layers of small batches, whose few warps
-// each wait for every chunk's gathers from L2 in turn: the 10-output head of the
-// 90 % MNIST model at 1000 digits took 9.2 against 12.8 us with G = 4 (H100,
-// tools/model_run_probe.py, one call; docs/performance.md, "Session 19"). The
-// same form serves layers with values too wide for a staged tile (n_in > 1792):
-// not measured there (the register count rises from 144 to 230-255, but one
-// 256-thread block an SM fits either way).
-#ifndef SPDNN_CSR4_GROUP
-#define SPDNN_CSR4_GROUP 4
-#endif
+// Staged (gathers are shared loads): the next chunk's indices and values are
+// loaded while the current one is gathered and added.
+template <bool VALS>
+__device__ __forceinline__ float4 csr_rows4_staged(const uint4* __restrict__ ip,
+                                                   const float4* __restrict__ vp, int deg,
+                                                   const float* xq) {
+  const int n = (deg + 7) / 8;  // chunks
+  Csr4Chunk ring[1];
+  csr4_first_chunks<VALS>(ring, ip, vp, n);
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int c = 0; c < n; ++c) {
+    const Csr4Chunk k = ring[0];
+    if (c + 1 < n) ring[0] = csr4_chunk<VALS>(ip, vp, c + 1);
+    float4 x[8];
+    csr4_gather<true>(x, k, xq);
+    csr4_fma<VALS>(acc, k, deg - 8 * c, x);
+  }
+  return acc;
+}
 
+// Through L1/L2: the gathers of G (SPDNN_CSR4_GROUP) chunks are issued before
+// the first of their adds, and the next G chunks' indices and values are
+// loaded meanwhile, so an output of 8 G entries waits one gather latency, not
+// G (the narrow head layers of small batches, whose few warps each wait for
+// every chunk's gathers from L2 in turn).
 template <bool VALS, int G>
 __device__ __forceinline__ float4 csr_rows4_grouped(const uint4* __restrict__ ip,
                                                     const float4* __restrict__ vp, int deg,
@@ -366,33 +343,14 @@ template <bool SMEM, bool VALS>
 __device__ __forceinline__ float4 csr_rows4(const uint4* __restrict__ ip,
                                             const float4* __restrict__ vp, int deg,
                                             const float* xq) {
-  if constexpr (!SMEM && SPDNN_CSR4_GROUP > 1) {
+  if constexpr (SMEM) {
+    return csr_rows4_staged<VALS>(ip, vp, deg, xq);
+  } else {
     return csr_rows4_grouped<VALS, SPDNN_CSR4_GROUP>(ip, vp, deg, xq);
   }
-  constexpr int AHEAD = SMEM ? 1 : SPDNN_CSR4_AHEAD;
-  const int n = (deg + 7) / 8;  // chunks
-  Csr4Chunk ring[AHEAD];
-  csr4_first_chunks<VALS>(ring, ip, vp, n);
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int c0 = 0; c0 < n; c0 += AHEAD) {
-#pragma unroll
-    for (int q = 0; q < AHEAD; ++q) {
-      const int c = c0 + q;
-      if (c < n) {
-        const Csr4Chunk k = ring[q];
-        if (c + AHEAD < n) ring[q] = csr4_chunk<VALS>(ip, vp, c + AHEAD);
-        csr4_add<SMEM, VALS>(acc, k, deg - 8 * c, xq);
-      }
-    }
-  }
-  return acc;
 }
 
 // spans[j] = (first entry, degree) of output j in idx/vals (first a multiple of 8).
-#ifndef SPDNN_CSR4_MIN_BLOCKS
-#define SPDNN_CSR4_MIN_BLOCKS 1  // blocks an SM the L1/L2 form is compiled for (register cap)
-#endif
-
 template <bool SMEM, bool VALS>
 __global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREADS,
                                   SMEM ? 1 : SPDNN_CSR4_MIN_BLOCKS)

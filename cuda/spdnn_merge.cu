@@ -13,9 +13,6 @@
 //   compact_rows    (spdnn_rows.cu) moves the representatives into dense tiles.
 #include "spdnn_common.cuh"
 
-#ifndef SPDNN_MERGE_COLLIDE
-#define SPDNN_MERGE_COLLIDE 0  // tests: every row hashes alike; only the exact comparison decides
-#endif
 #define MERGE_CHUNK 256  // neurons hashed or compared by one warp (chunk hashes are summed)
 #define FNV_OFFSET 0xcbf29ce484222325ull
 #define FNV_PRIME 0x100000001b3ull

@@ -1,4 +1,7 @@
-"""Shared fixtures: random networks and stores, and the location of the real challenge data."""
+"""Shared fixtures and helpers of the CPU and GPU tests: random networks, layers of
+the CUDA kernels' kinds, inputs (random, duplicated) and stores, and the location
+of the real challenge data. Test modules import them (``from conftest import ...``);
+tests/gpu has its own conftest (a package: ``gpu.conftest``) and helpers."""
 
 from __future__ import annotations
 
@@ -73,6 +76,52 @@ def random_inputs(rng: np.random.Generator, n_rows: int, n_cols: int, density: f
     if not binary:
         dense *= rng.uniform(0.1, 2.0, dense.shape).astype(np.float32)
     return SparseRows.from_dense(dense)
+
+
+def duplicated_rows(rng, n_distinct: int, copies: int, width: int, binary=True) -> SparseRows:
+    """Inputs where every distinct row appears ``copies`` times, shuffled."""
+    base = random_inputs(rng, n_distinct, width, 0.2, binary).to_dense()
+    dense = np.repeat(base, copies, axis=0)
+    return SparseRows.from_dense(dense[rng.permutation(len(dense))])
+
+
+def saturating(rng, width: int, n_layers: int, degree: int = 8, clip: float = 4.0) -> Network:
+    """Random positive weights with a low clip: rows saturate into a few patterns."""
+    layers = []
+    for _ in range(n_layers):
+        idx = np.stack([np.sort(rng.choice(width, degree, replace=False)) for _ in range(width)])
+        vals = rng.uniform(0.5, 2.0, idx.size).astype(np.float32)
+        indptr = np.arange(0, width * degree + 1, degree, dtype=np.int64)
+        bias = rng.uniform(-0.6, -0.05, width).astype(np.float32)
+        layers.append(Layer(width, width, indptr, idx.ravel().astype(np.uint16), vals, None,
+                            bias, clip))
+    return Network(layers)
+
+
+def fixed_degree_layer(rng, n_in, n_out, degree, *, bias=-0.3, clip=32.0, value=1 / 16):
+    """``n_out`` outputs of ``degree`` random inputs each (16-bit indices, sorted), one
+    weight ``value`` for all: the layers of the ELL and grouped CUDA kernels."""
+    idx = np.sort(np.stack([rng.choice(n_in, degree, replace=False) for _ in range(n_out)]),
+                  axis=1)
+    indptr = np.arange(0, degree * n_out + 1, degree, dtype=np.int64)
+    return Layer(n_in, n_out, indptr, idx.ravel().astype(np.uint16), None, value, bias, clip)
+
+
+def block_layer(rng, n_in, n_out, degree, *, values=True, max_group=16, bias=-0.3,
+                clip=32.0, min_group=1):
+    """Outputs in groups (random sizes from ``min_group`` to ``max_group``, scattered
+    over the output ids) that read the same ``degree`` inputs; random values per nonzero."""
+    sizes = []
+    while sum(sizes) < n_out:
+        sizes.append(int(rng.integers(min_group, max_group + 1)))
+    sizes[-1] -= sum(sizes) - n_out
+    sets = [np.sort(rng.choice(n_in, degree, replace=False)) for _ in sizes]
+    rows = np.concatenate([np.repeat(s[None], k, axis=0) for s, k in zip(sets, sizes)])
+    rows = rows[rng.permutation(n_out)]
+    indptr = np.arange(0, degree * n_out + 1, degree, dtype=np.int64)
+    vals = rng.normal(0.2, 0.4, degree * n_out).astype(np.float32) if values else None
+    return Layer(n_in, n_out, indptr, rows.ravel().astype(np.uint16), vals,
+                 None if values else 1 / 16, bias, clip)
 
 
 def write_random_store(path, *, seed: int = 21, n_images: int = 301, width: int = 48,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import duplicated_rows, random_inputs, random_network, saturating
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,26 +21,6 @@ from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.reference import reference_infer
 
 BACKENDS = ["cpu", "reference"]
-
-
-def duplicated_rows(rng, n_distinct: int, copies: int, width: int, binary=True) -> SparseRows:
-    """Inputs where every distinct row appears ``copies`` times, shuffled."""
-    base = random_inputs(rng, n_distinct, width, 0.2, binary).to_dense()
-    dense = np.repeat(base, copies, axis=0)
-    return SparseRows.from_dense(dense[rng.permutation(len(dense))])
-
-
-def saturating(rng, width: int, n_layers: int, degree: int = 8, clip: float = 4.0) -> Network:
-    """Random positive weights with a low clip: rows saturate into a few patterns."""
-    layers = []
-    for _ in range(n_layers):
-        idx = np.stack([np.sort(rng.choice(width, degree, replace=False)) for _ in range(width)])
-        vals = rng.uniform(0.5, 2.0, idx.size).astype(np.float32)
-        indptr = np.arange(0, width * degree + 1, degree, dtype=np.int64)
-        bias = rng.uniform(-0.6, -0.05, width).astype(np.float32)
-        layers.append(Layer(width, width, indptr, idx.ravel().astype(np.uint16), vals, None,
-                            bias, clip))
-    return Network(layers)
 
 
 def run(net, rows, name, compress, **kw):

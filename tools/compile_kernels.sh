@@ -2,15 +2,32 @@
 # Compile every CUDA kernel source in cuda/ with the local nvcc for sm_80 and
 # sm_90, with the template instantiations the backend asks NVRTC for, so a
 # kernel that does not compile fails CI. No GPU needed.
+#
+# The SPDNN_* settings come from the backend itself (the #define block of
+# KernelConfig in spdnn_mpi/backends/cuda/config.py, printed by Python): the
+# defaults, then once more with the other forms the GPU tests compile.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 nvcc_bin="${NVCC:-nvcc}"
+python_bin="${PYTHON:-python3}"
 if ! command -v "$nvcc_bin" >/dev/null 2>&1; then
   echo "compile_kernels: nvcc not found (set NVCC or install the CUDA toolkit)" >&2
   exit 1
 fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+config_block() {  # the #define block of KernelConfig() with these field overrides
+  PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$python_bin" -c '
+import sys
+from spdnn_mpi.backends.cuda.config import KernelConfig
+fields = dict((k, int(v)) for k, v in (a.split("=") for a in sys.argv[1:]))
+sys.stdout.write(KernelConfig().with_overrides(**fields).define_block())' "$@"
+}
+config_block > "$work/defaults.h"
+# the forms the GPU tests compile beside the defaults
+others="csr4_group=1 group_lane_slots=16 group_min_blocks=2"
+# shellcheck disable=SC2086
+config_block $others > "$work/others.h"
 # One unit that instantiates every kernel template the backend uses.
 {
   for f in "$root"/cuda/*.cu; do echo "#include \"$(basename "$f")\""; done
@@ -30,30 +47,23 @@ trap 'rm -rf "$work"' EXIT
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"
   done; done; done
-  for vals in true false; do for it in u16 int; do
-    echo "template __global__ void layer_push<$vals,$it>(P, const int*, const u16*, const float*, int, int);"
-  done; echo "template __global__ void layer_push_dense<$vals>(P, const int*, const u16*, const float*, int, int);"; done
   for it in u16 int; do
     echo "template __global__ void scatter_rows<$it>(float*, i64, const int*, int, const i64*, const $it*, const float*, int*);"
   done
 } > "$work/instances.cu"
 status=0
-knobs="-DSPDNN_GSUM_COALESCE=0 -DSPDNN_CSR4_GROUP=1 -DSPDNN_PUSH_PER_LANE=4"
+compile() {  # arch, settings header, source, label
+  if "$nvcc_bin" -arch="$1" -std=c++17 -I"$root/cuda" -Werror all-warnings \
+      -include "$2" -c "$3" -o "$work/out.o" 2>"$work/log"; then
+    echo "ok   $1 $4"
+  else
+    echo "FAIL $1 $4"; cat "$work/log"; status=1
+  fi
+}
 for arch in sm_80 sm_90; do
   for src in "$root"/cuda/*.cu "$work/instances.cu"; do
-    if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \
-        -c "$src" -o "$work/out.o" 2>"$work/log"; then
-      echo "ok   $arch $(basename "$src")"
-    else
-      echo "FAIL $arch $(basename "$src")"; cat "$work/log"; status=1
-    fi
+    compile "$arch" "$work/defaults.h" "$src" "$(basename "$src")"
   done
-  # the knob-selected forms the defaults leave out
-  if "$nvcc_bin" -arch="$arch" -std=c++17 -I"$root/cuda" -Werror all-warnings \
-      $knobs -c "$work/instances.cu" -o "$work/out.o" 2>"$work/log"; then
-    echo "ok   $arch instances.cu ($knobs)"
-  else
-    echo "FAIL $arch instances.cu ($knobs)"; cat "$work/log"; status=1
-  fi
+  compile "$arch" "$work/others.h" "$work/instances.cu" "instances.cu ($others)"
 done
 exit $status

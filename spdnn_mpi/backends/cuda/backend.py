@@ -1,12 +1,19 @@
 """CUDA backend: one fused kernel per layer, dead rows dropped on the device.
 
 Features live in two device buffers of 32-row tiles, neuron-major
-(``cuda/spdnn_common.cuh``). Each layer is one persistent kernel whose last
-block counts the live rows and decides whether to compact; when that frees
-enough tiles the next layer writes the survivors to dense tiles as it
-computes them (or, before a kernel that cannot, a second kernel moves them).
-The host enqueues the layers and never waits until ``finish``: live counts,
+(``features``). Each layer is one persistent kernel whose last block counts
+the live rows and decides whether to compact; when that frees enough tiles
+the next layer writes the survivors to dense tiles as it computes them (or,
+before a kernel that cannot, a second kernel moves them). The host enqueues
+the layers and never waits until ``finish`` (``layer_queue``): live counts,
 the buffer in use and per-layer timestamps stay on the device.
+
+The parts: ``network`` builds the device layout of a network (``launch``:
+each layer's kernel and grids; ``config``: the kernels' compile-time
+settings), ``features`` holds the batch, ``layer_queue`` runs the layers
+(``graphs``: captured CUDA graphs), ``merge`` merges identical rows and
+``readback`` brings the results home in one copy. ``CudaBackend`` ties them
+to the engine's interface (``backends.base.Backend``).
 
 CuPy is imported lazily, so this module can be imported without it; building
 a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
@@ -14,29 +21,21 @@ a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda import push as cuda_push
-from spdnn_mpi.backends.cuda.compile import (  # noqa: F401 (import_cupy: used by callers)
-    DEFAULT_DEFINES,
-    compiled_module,
-    import_cupy,
-    kernel_names,
-)
-from spdnn_mpi.backends.cuda.graphs import GraphCache
-from spdnn_mpi.backends.cuda.launch import Launcher, blocks_per_sm
+from spdnn_mpi.backends.cuda.compile import import_cupy
+from spdnn_mpi.backends.cuda.config import KernelConfig
+from spdnn_mpi.backends.cuda.features import FeatureBuffers
+from spdnn_mpi.backends.cuda.layer_queue import LayerQueue
 from spdnn_mpi.backends.cuda.merge import DeviceMerge
+from spdnn_mpi.backends.cuda.network import DeviceNetwork, build_network
 from spdnn_mpi.backends.cuda.readback import (
     ST_COMPACTIONS,
     ST_ROWS,
-    ST_SIZE,
-    ST_TILES,
     PackedResults,
     unpack_results,
 )
@@ -44,9 +43,7 @@ from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
-#: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles,
-#: then the batch's input rows (indptr, indices, values, slot rows) for the push form.
-P_BUFFERS, P_INPUTS, P_SIZE = 8, 8, 12
+__all__ = ["CudaBackend", "import_cupy"]  # import_cupy: the driver and peers import it here
 
 
 class CudaBackend(Backend):
@@ -69,12 +66,11 @@ class CudaBackend(Backend):
         device: int | None = None,
         variant: str = "auto",
         memory_fraction: float = 0.9,
-        defines: dict[str, int] | None = None,
+        config: KernelConfig | None = None,
         graphs: bool = True,
     ) -> None:
         lay.check_variant(variant)  # before CuPy, so a typo fails fast anywhere
         cp = import_cupy()
-        self._cp = cp
         try:
             n_dev = cp.cuda.runtime.getDeviceCount()
         except Exception as exc:
@@ -85,36 +81,26 @@ class CudaBackend(Backend):
             device = cp.cuda.runtime.getDevice()
         if not 0 <= device < n_dev:
             raise SpdnnError(f"CUDA device {device} does not exist ({n_dev} visible)")
+        self._cp = cp
         self.device_id = int(device)
         self._dev = cp.cuda.Device(self.device_id)
-        props = cp.cuda.runtime.getDeviceProperties(self.device_id)
-        self._props = props
-        self.sms = int(props["multiProcessorCount"])
-        self._smem_optin = int(props["sharedMemPerBlockOptin"])
+        self._props = cp.cuda.runtime.getDeviceProperties(self.device_id)
+        self.sms = int(self._props["multiProcessorCount"])
         self.variant = variant
+        self.config = config or KernelConfig()
         self._memory_fraction = memory_fraction
-        self._defines = {**DEFAULT_DEFINES, **(defines or {})}
         with self._dev:
             self._stream = cp.cuda.Stream(non_blocking=True)
-        self._layers: list[dict] = []
-        self._mod = None
-        self._n_layers = 0
-        self.width = 0
-        self._layers_run = 0
-        self._cap_tiles = 0
-        self._graph_cache = GraphCache(graphs)
-        self._pending: list[tuple[int, bool]] = []
-        self._peak = 0
-        self._info: dict = {}
-        self._batch_live: list[int] = []
-        self._held = 0  # > 0: at most this many rows (one tile) held since a merge
-        self._merging = False  # merges ran: graphs are captured in both forms
+        self._peak = 0  # most device memory the pool held
         self._results = PackedResults(cp, self._dev)  # gather_results' array, its host copy
-        self._push = None  # the first layer's push form (cuda_push), where it is exact
-        self._push_batch = None  # this batch pushes layer 1: the inputs' index type
-        self._push_dense = False  # this batch pushes later layers that have a push form
+        self._buffers = FeatureBuffers(cp, self._dev, self._stream, self.sms, self._track_peak)
+        self._queue = LayerQueue(self._buffers, self._results, self._dev, self._stream,
+                                 self.sms, graphs)
+        self._network: DeviceNetwork | None = None
+        self._merger: DeviceMerge | None = None
+        self._layers_run = 0
+        self._compactions: int | None = None  # of the last batch
 
-    # -- helpers -------------------------------------------------------------
     def _track_peak(self) -> None:
         pool = self._cp.get_default_memory_pool()
         self._peak = max(self._peak, int(pool.total_bytes()))
@@ -122,158 +108,26 @@ class CudaBackend(Backend):
     # -- network -------------------------------------------------------------
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         """Upload each layer's kernel layout (``progress(layers done)`` after each); compile."""
-        cp = self._cp
-        t0 = time.perf_counter()
-        smem_limit = self._smem_optin - 1024
-        plans = [lay.plan_layer(layer, smem_limit, self.variant) for layer in layers]
-        names = kernel_names({p.degree for p in plans if p.degree},
-                             push=self._defines["SPDNN_PUSH"] != cuda_push.PUSH_OFF)
-        t_compile = time.perf_counter()
-        self._mod = compiled_module(self.device_id, sorted(names), self._defines)
-        compile_s = time.perf_counter() - t_compile
-        self._compact = self._mod.get_function("compact_rows")
-        self._stamp = self._mod.get_function("stamp")
-        self._gather = self._mod.get_function("gather_results")
-        self._merger = DeviceMerge(cp, self._mod, self.sms)
-        self._scatter = {
-            "u16": self._mod.get_function("scatter_rows<u16>"),
-            "int": self._mod.get_function("scatter_rows<int>"),
-        }
-        kinds: dict[str, int] = {}
-        forms: dict[str, int] = {}  # kernels by name (layer_group_sum<32>, ...)
-        layout_bytes = 0
-        width = 0
-        self._layers = []
-        launcher = Launcher(cp, self._mod, self._defines, self.sms, self.variant,
-                            functools.partial(blocks_per_sm, self._props))
-        with self._dev, self._stream:
-            for layer, plan in zip(layers, plans):
-                entry = launcher.layer_entry(layer, plan, smem_limit)
-                kind = entry["plan"].kind
-                kinds[kind] = kinds.get(kind, 0) + 1
-                forms[entry["plan"].kernel] = forms.get(entry["plan"].kernel, 0) + 1
-                layout_bytes += sum(int(a.nbytes) for a in entry["keep"])
-                self._layers.append(entry)
-                width = max(width, layer.n_in, layer.n_out)
-                if progress is not None:
-                    progress(len(self._layers))
-            mode = self._defines["SPDNN_PUSH"]
-            self._push = None
-            if layers and cuda_push.may_push(mode, layers[0]):
-                self._push = launcher.push_entry(layers[0], smem_limit)
-            if self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"] > 0:
-                for layer, entry in zip(layers[1:], self._layers[1:]):
-                    if cuda_push.may_push(mode, layer):
-                        entry["push"] = launcher.push_entry(layer, smem_limit, dense=True)
-            for form in (self._push, *(e.get("push") for e in self._layers)):
-                if form is not None:
-                    layout_bytes += sum(int(a.nbytes) for a in form["keep"])
-            self._stream.synchronize()
-        self.width = width
-        self._n_layers = len(layers)
-        with self._dev:
-            self._live_hist = cp.zeros(max(1, len(layers)), dtype=np.int32)
-            self._stamps = cp.zeros(len(layers) + 1, dtype=np.uint64)
-            self._state = cp.zeros(ST_SIZE, dtype=np.int32)
-            self._ptrs = cp.zeros(P_SIZE, dtype=np.int64)
-        self._graph_cache.clear()
-        self._cap_tiles = 0
-        self._track_peak()
-        self._info = {
-            "kernels": kinds,
-            "kernel_names": forms,
-            "layout_bytes": layout_bytes,
-            "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
-            "compile_seconds": round(compile_s, 4),
-            "grids": sorted({(p["plan"].kind, p["grid"], p["threads"]) for p in self._layers}),
-            "first_layer_push": (None if self._push is None else
-                                 {"chunk": self._push["chunk"], "grid": self._push["grid"]}),
-            "dense_push_layers": sum(1 for e in self._layers if e.get("push")),
-        }
-
-    # -- features ------------------------------------------------------------
-    def _ensure_capacity(self, n_tiles: int) -> None:
-        cp = self._cp
-        if n_tiles <= self._cap_tiles and self._cap_tiles:
-            return
-        cap = max(1, n_tiles)
-        self._buf = None  # free the old buffers before allocating the new ones
-        self._tstride = self.width * lay.TILE_ROWS
-        with self._dev:
-            self._buf = cp.empty((2, cap * self._tstride), dtype=np.float32)
-            self._pos = cp.empty((2, cap * lay.TILE_ROWS), dtype=np.int32)
-            self._masks = cp.zeros((2, cap), dtype=np.uint32)
-            self._tile_base = cp.zeros(cap, dtype=np.int32)
-        self._cap_tiles = cap
-        self._b = (self._buf[0], self._buf[1])
-        self._p = (self._pos[0], self._pos[1])
-        table = np.array([self._buf[0].data.ptr, self._buf[1].data.ptr, self._pos[0].data.ptr,
-                          self._pos[1].data.ptr, self._masks.data.ptr, self._tile_base.data.ptr,
-                          self._tstride, cap],
-                         dtype=np.int64)
-        with self._dev, self._stream:
-            self._ptrs[:P_BUFFERS].set(table, stream=self._stream)
+        net = build_network(self._cp, self._dev, self._stream, self.device_id, self._props,
+                            self.variant, self.config, layers, progress)
+        self._network = net
+        self._merger = DeviceMerge(self._cp, net.module, self.sms)
+        self._buffers.attach(net.module, len(net.layers), net.width)
+        self._queue.attach(net.module, net.layers)
         self._track_peak()
 
+    # -- batch ---------------------------------------------------------------
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
-        """Scatter the input rows into zeroed tiles on the device (one kernel), or
-        keep them as they are where the first layer is pushed from them (``cuda_push``)."""
-        cp = self._cp
-        if self._mod is None:
+        """Scatter the input rows into zeroed tiles on the device (one kernel)."""
+        if self._network is None:
             raise SpdnnError("load_network must come before load_features")
-        if self._n_layers and rows.n_cols > self.width:
-            raise ValueError(f"inputs have {rows.n_cols} columns, network is {self.width} wide")
-        if self._n_layers == 0 and rows.n_cols > self.width:
-            self.width = rows.n_cols
-            self._cap_tiles = 0  # tiles of the new width
-        counts = np.diff(rows.indptr)
-        rowsel = np.flatnonzero(counts > 0) if drop_empty else np.arange(rows.n_rows)
-        n = len(rowsel)
-        n_tiles = -(-n // lay.TILE_ROWS)
-        self._ensure_capacity(n_tiles)
-        self._in_width = rows.n_cols
-        self._loaded_rows = n
+        width = self._network.width
+        if self._network.layers and rows.n_cols > width:
+            raise ValueError(f"inputs have {rows.n_cols} columns, network is {width} wide")
+        self._buffers.widen(rows.n_cols)  # no layers: the network is as wide as its inputs
+        self._buffers.load(rows, drop_empty)
+        self._queue.start_batch()
         self._layers_run = 0
-        push = (n > 0 and self._push is not None and self._n_layers > 0 and cuda_push.wants_push(
-            self._defines["SPDNN_PUSH"], rows, self._defines["SPDNN_PUSH_MAX_DENSITY_PCT"] / 100))
-        with self._dev, self._stream:
-            if not push:  # the push form reads the rows themselves: no tiles to fill
-                self._buf[0, : n_tiles * self._tstride].fill(0)
-            self._masks.fill(0)
-            self._push_batch = None
-            self._push_dense = (self._defines["SPDNN_PUSH"] != cuda_push.PUSH_OFF
-                                and n <= self._defines["SPDNN_PUSH_DENSE_MAX_ROWS"])
-            if n:
-                base = int(rows.indptr[0])
-                indptr = cp.asarray(np.asarray(rows.indptr, dtype=np.int64) - base)
-                small = rows.n_cols <= 65536
-                itype = np.uint16 if small else np.int32
-                indices = cp.asarray(np.asarray(rows.indices, dtype=itype))
-                values = (cp.asarray(np.asarray(rows.values, dtype=np.float32))
-                          if rows.values is not None else np.uint64(0))
-                sel = cp.asarray(rowsel.astype(np.int32))
-                if push:
-                    self._push_batch = "u16" if small else "int"
-                    self._p[0][:n] = sel
-                    vptr = values.data.ptr if isinstance(values, cp.ndarray) else 0
-                    self._ptrs[P_INPUTS:].set(np.array(
-                        [indptr.data.ptr, indices.data.ptr, vptr, sel.data.ptr], dtype=np.int64),
-                        stream=self._stream)
-                else:
-                    grid = max(1, min(-(-n // 8), self.sms * 16))
-                    self._scatter["u16" if small else "int"](
-                        (grid,), (256,),
-                        (self._b[0], np.int64(self._tstride), sel, np.int32(n), indptr, indices,
-                         values, self._p[0]),
-                    )
-                self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
-            state = np.zeros(ST_SIZE, dtype=np.int32)
-            state[ST_ROWS], state[ST_TILES] = n, n_tiles
-            self._state.set(state, stream=self._stream)
-            self._stamp((1,), (32,), (self._stamps, np.int32(0)))
-        self._pending = []
-        self._held = 0
-        self._track_peak()
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
         """Queue layer ``k`` (and the compaction it may ask for); returns at once.
@@ -282,96 +136,8 @@ class CudaBackend(Backend):
         layer sequence; kernels take buffers from the pointer table, so a graph
         outlives reallocations) when ``finish`` or ``live_count`` needs them.
         """
-        self._pending.append((k, bool(drop_dead)))
+        self._queue.add(k, drop_dead)
         self._layers_run = k + 1
-
-    def _launch(self, k: int, drop_dead: bool, held: int) -> None:
-        """One layer (and its compaction). ``held`` > 0: at most that many rows
-        (one tile) are held, so a few blocks compute only those rows and nothing
-        is compacted (dead rows stay zero, which is exact)."""
-        L = self._layers[k]
-        kk = np.int32(k)
-        drop = drop_dead and not held
-        P = self._push_form(k)
-        if P is not None:  # the first layer from the input rows, or a later one from tiles
-            kern, grid, threads, smem = (P["kerns"][self._push_batch or "u16"], P["grid"],
-                                         P["threads"], P["smem"])
-            extra = P["extra"]
-        elif held:
-            (kern, grid, threads, smem), extra = L["small"][held], L["extra_held"]
-        else:
-            kern, grid, threads, smem = L["kern"], L["grid"], L["threads"], L["plan"].smem_bytes
-            extra = L["extra"]
-        args = (self._ptrs, *L["head"], self._state, self._live_hist, self._stamps, kk,
-                np.int32(1 if drop else 0), *extra)
-        kern((grid,), (threads,), args, shared_mem=smem)
-        if drop and not self._compacts_on_write(k + 1):
-            self._compact((self.sms * 8,), (256,),
-                          (self._ptrs, np.int32(L["n_out"]), self._state, self._stamps, kk))
-
-    def _push_form(self, k: int) -> dict | None:
-        """The push form layer ``k`` runs in this batch (``cuda_push``), if any."""
-        if k == 0:
-            return self._push if self._push_batch else None
-        return self._layers[k].get("push") if self._push_dense else None
-
-    def _compacts_on_write(self, k: int) -> bool:
-        """Whether layer ``k`` writes the compaction its predecessor may ask for
-        (no compact_rows pass before it). The last layer's is left pending:
-        ``finish`` reads the survivors from the mask, and a merge runs it first."""
-        if k >= self._n_layers:
-            return True
-        if self._push_form(k) is not None:  # pushed from tiles in place
-            return False
-        return lay.compacts_on_write(self._layers[k]["plan"].kind)
-
-    def _flush(self, gather: tuple | None = None) -> None:
-        """Launch the queued layers: a cached graph when possible, else one by one.
-
-        ``gather``: (grid, args, tail, copy words) of a ``gather_results`` launch
-        to end the piece with (``finish``), and of the copy of its results to the
-        host when that is one piece, captured into the same graph: one launch,
-        and the host then only waits. ``tail`` says what the gather and the copy
-        depend on beyond the arrays made with the network (the graph key).
-        """
-        if not self._pending and gather is None:
-            return
-        todo, self._pending = tuple(self._pending), []
-        cache = self._graph_cache
-        if todo and cache.on:
-            graph = cache.get(self._piece_key(todo, self._held, gather))
-            if graph is None:
-                with self._dev, self._stream:
-                    graph = self._capture(todo, self._held, gather)
-                    # every form at once while merging: a warm-up that ends with another
-                    # number of rows than the timed run then leaves nothing to capture there
-                    for held in (0, *lay.ELL_ROWS) if self._merging else ():
-                        if held != self._held:
-                            self._capture(todo, held, gather)
-            if graph is not None:
-                with self._dev:  # the stream is named: no current-stream switch
-                    graph.launch(stream=self._stream)
-                return
-        with self._dev, self._stream:
-            self._run_piece(todo, self._held, gather)
-
-    def _piece_key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
-        return self._graph_cache.key(todo, held, None if gather is None else gather[2],
-                                     (self._push_batch, self._push_dense))
-
-    def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
-        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream."""
-        for k, drop in todo:
-            self._launch(k, drop, held)
-        if gather is not None:
-            self._gather((gather[0],), (256,), gather[1])
-            if gather[3]:
-                self._results.enqueue_copy(self._stream, gather[3])
-
-    def _capture(self, todo: tuple, held: int, gather: tuple | None = None):
-        """The graph of ``todo`` (then ``gather``) with ``held`` rows, captured now."""
-        return self._graph_cache.capture(self._stream, self._piece_key(todo, held, gather),
-                                         lambda: self._run_piece(todo, held, gather))
 
     def synchronize(self) -> None:
         """Wait for everything queued on this backend's stream."""
@@ -379,7 +145,7 @@ class CudaBackend(Backend):
 
     def flush(self) -> None:
         """Launch the queued layers (a cached graph per piece); returns at once."""
-        self._flush()
+        self._queue.flush()
 
     def check_pays(self, fall: float | None, held_values: int) -> bool:
         """A check here costs a sort and two copies to the host: only once rows
@@ -387,34 +153,32 @@ class CudaBackend(Backend):
         return fall_rule(fall, held_values)
 
     def merge_duplicate_rows(self) -> RowGroups:
-        """Merge the identical rows held now, on the device (``cuda_merge``)."""
-        self._flush()
-        self._merging = True
+        """Merge the identical rows held now, on the device (``merge``)."""
+        queue, b = self._queue, self._buffers
+        queue.flush()
+        queue.merging = True
         k = self._layers_run - 1
         with self._dev, self._stream:
-            # a compaction left pending by the last layer first (a no-op otherwise)
-            self._compact((self.sms * 8,), (256,),
-                          (self._ptrs, np.int32(self._layers[k]["n_out"]), self._state,
-                           self._stamps, np.int32(k)))
-            n = int(self._state[ST_ROWS].get())  # after the queued layers
+            queue.compact(k)  # a compaction left pending by the last layer (a no-op otherwise)
+            n = int(b.state[ST_ROWS].get())  # after the queued layers
             if n == 0:
                 empty = np.zeros(0, np.int64)
                 return RowGroups(0, empty, empty, empty)
-            groups = self._merger.merge(ptrs=self._ptrs, state=self._state, stamps=self._stamps,
-                                        mask=self._masks[k & 1], compact=self._compact, n=n,
-                                        width=self._layers[k]["n_out"], k=k)
+            groups = self._merger.merge(ptrs=b.ptrs, state=b.state, stamps=b.stamps,
+                                        mask=b.masks[k & 1], compact=lambda: queue.compact(k),
+                                        n=n, width=queue.layers[k].n_out, k=k)
         if groups.representatives <= lay.TILE_ROWS:  # one tile from here on: few rows
-            self._held = lay.rows_bucket(max(1, groups.representatives))
+            queue.held = lay.rows_bucket(max(1, groups.representatives))
         self._track_peak()
         return groups
 
     def live_count(self) -> int:
         """Rows alive after the last layer run (waits for the device)."""
-        self._flush()
+        self._queue.flush()
         self._stream.synchronize()
         if self._layers_run == 0:
-            return int(self._state[ST_ROWS].get())
-        return int(self._live_hist[self._layers_run - 1].get())
+            return int(self._buffers.state[ST_ROWS].get())
+        return int(self._buffers.live_hist[self._layers_run - 1].get())
 
     def finish(self, want_features: bool) -> BatchResult:
         """Wait for the batch; read back the survivors' positions (and features).
@@ -425,37 +189,27 @@ class CudaBackend(Backend):
         matters for small batches); large results are read in two steps.
         """
         n_run = self._layers_run
-        width = self._layers[n_run - 1]["n_out"] if n_run else self._in_width
-        results = self._results
-        allocations = results.allocations
-        read = results.prepare(n_run, width, want_features, self._loaded_rows)
-        blocks = max(1, min(-(-max(self._loaded_rows, read.head) // 256), self.sms * 8))
-        # the graph key: the other arrays of the gather were made with the network
-        tail = (blocks, n_run, width, want_features, results.copy_key(read.copy))
-        self._flush(gather=(blocks, (self._ptrs, self._state, self._live_hist, self._stamps,
-                                     np.int32(n_run), np.int32(width),
-                                     np.int32(want_features), results.device), tail, read.copy))
-        data = results.fetch(self._stream, read)
-        state, live, stamps, pos, features = unpack_results(data, n_run, width, want_features,
-                                                            ordered=not self._merging)
+        width = self._queue.layers[n_run - 1].n_out if n_run else self._buffers.in_width
+        allocations = self._results.allocations
+        data = self._queue.finish(n_run, width, want_features)
+        state, live, stamps, pos, features = unpack_results(
+            data, n_run, width, want_features, ordered=not self._queue.merging)
         self._compactions = int(state[ST_COMPACTIONS])
         layer_seconds = None
         if n_run and 0 not in stamps:
             layer_seconds = [(b - a) * 1e-9 for a, b in zip(stamps, stamps[1:])]
-        self._inputs = None
-        if results.allocations != allocations:
+        self._buffers.drop_inputs()
+        if self._results.allocations != allocations:
             self._track_peak()
         return BatchResult(pos, live, layer_seconds, features)
 
+    # -- memory and report ---------------------------------------------------
     def release_buffers(self) -> None:
         """Give the feature buffers and the packed results back to the device (the
         layouts stay); graphs read the buffers from the pointer table, so they stay
         valid, and the next batch allocates again."""
-        self._buf = self._pos = self._masks = self._tile_base = None
+        self._buffers.release()
         self._results.release()
-        self._b = self._p = None
-        self._cap_tiles = 0
-        self._inputs = None
         self._cp.get_default_memory_pool().free_all_blocks()
 
     def max_batch_rows(self, width: int) -> int | None:
@@ -464,8 +218,7 @@ class CudaBackend(Backend):
         with self._dev:
             free, _total = cp.cuda.runtime.memGetInfo()
         pool = cp.get_default_memory_pool()
-        held = 2 * 4 * self._cap_tiles * lay.TILE_ROWS * self.width if self._cap_tiles else 0
-        avail = (free + pool.free_bytes() + held) * self._memory_fraction
+        avail = (free + pool.free_bytes() + self._buffers.held_bytes()) * self._memory_fraction
         per_row = 9 * width + 64
         rows = int(avail // per_row) // lay.TILE_ROWS * lay.TILE_ROWS
         return max(lay.TILE_ROWS, rows)
@@ -484,7 +237,7 @@ class CudaBackend(Backend):
             "l2_bytes": int(self._props.get("l2CacheSize", 0)),
             "variant": self.variant,
             "peak_device_bytes": self._peak,
-            "compactions_last_batch": getattr(self, "_compactions", None),
-            "graphs": self._graph_cache.note,
-            **self._info,
+            "compactions_last_batch": self._compactions,
+            "graphs": self._queue.graphs.note,
+            **(self._network.info if self._network is not None else {}),
         }

@@ -1,7 +1,7 @@
-"""Compiling the CUDA kernels: CuPy on demand, NVRTC settings, instantiations.
+"""Compiling the CUDA kernels: CuPy on demand, the NVRTC module, instantiations.
 
-Kept apart from ``cuda.py`` (the backend) so the peers and the driver can ask
-for CuPy with its install hint without loading the backend.
+Kept apart from the backend so the peers and the driver can ask for CuPy
+with its install hint without loading the backend.
 """
 
 from __future__ import annotations
@@ -10,77 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
-
-#: Compile-time settings handed to NVRTC as #defines.
-DEFAULT_DEFINES: dict[str, int] = {
-    "SPDNN_SMEM_THREADS": 512,
-    "SPDNN_GLOBAL_THREADS": 256,
-    "SPDNN_ELL_BATCH": 8,
-    "SPDNN_FEW_BATCH": 32,
-    "SPDNN_CSR_WARP_OUTPUTS": 8,
-    "SPDNN_CSR_ITEMS_PER_BLOCK": 1,
-    "SPDNN_COMPACT_DIV": 10,
-    "SPDNN_CP_ASYNC": 1,
-    "SPDNN_GROUP_THREADS": 256,
-    # 8 slots a lane at 3 blocks an SM (80 registers): 6 % faster than 16 slots at 2
-    # blocks at N = 1024, equal at 4096 and 65536 (H200, docs/performance.md)
-    "SPDNN_GROUP_LANE_SLOTS": 8,
-    "SPDNN_GROUP_MIN_BLOCKS": 3,
-    "SPDNN_GROUP_BATCH": 8,
-    # uniform grouped layers: one sum a group (layer_group_sum; 0: every slot its own),
-    # all 32 input loads of a lane issued at once at 2 blocks an SM (128 registers):
-    # 100-110 TE/s against 90-100 with 8 loads at 4 blocks at L = 120 (H200,
-    # docs/performance.md, v10)
-    "SPDNN_GROUP_SUM": 1,
-    "SPDNN_GSUM_MIN_BLOCKS": 2,
-    "SPDNN_GSUM_BATCH": 32,
-    # its compacting stores in slot order (sum_store_compacted; 0: each lane its own 4
-    # scattered rows): layers 1-10 5-11 % faster, L = 120 direct 4-8 % (H100, one call,
-    # same survivors; docs/performance.md, v11)
-    "SPDNN_GSUM_COALESCE": 1,
-    # index/value chunks the L1/L2 CSR4 kernel loads ahead with SPDNN_CSR4_GROUP=1 (the
-    # staged one: 1)
-    "SPDNN_CSR4_AHEAD": 2,
-    # the L1/L2 CSR4 kernel's chunks whose gathers are issued together (1: one at a time,
-    # with SPDNN_CSR4_AHEAD): the 10-output head of the 90 % MNIST model at 1000 digits
-    # 9.2 against 12.8 us (H100, docs/performance.md "Session 19")
-    "SPDNN_CSR4_GROUP": 4,
-    # blocks an SM the L1/L2 CSR4 kernel is compiled for (1: no register cap)
-    "SPDNN_CSR4_MIN_BLOCKS": 1,
-    # the first layer pushed from sparse input rows (cuda_push: 0 never, 1 layers with
-    # values when a batch's inputs are at most SPDNN_PUSH_MAX_DENSITY_PCT % nonzero,
-    # 2 wherever exact), in chunks of SPDNN_PUSH_CHUNK outputs, a warp a row. Off: both
-    # forms took about twice the pulling kernel's time for layer 1 of the 90 % MNIST
-    # model at 1000 digits (H100, tools/model_run_probe.py; docs/performance.md,
-    # "Session 18" and "Session 19")
-    "SPDNN_PUSH": 0,
-    "SPDNN_PUSH_MAX_DENSITY_PCT": 50,
-    "SPDNN_PUSH_CHUNK": 256,
-    "SPDNN_PUSH_THREADS": 256,
-    "SPDNN_PUSH_MIN_BLOCKS": 4,
-    "SPDNN_PUSH_AHEAD": 8,
-    "SPDNN_PUSH_PER_LANE": 2,
-    # later layers with values pushed from the tiles (their ReLU zeros skipped) in
-    # batches of at most this many rows (0: never)
-    "SPDNN_PUSH_DENSE_MAX_ROWS": 0,
-}
-#: Warp steps a warp of the plain grouped kernel takes in a row (a kernel argument; 1
-#: measured best on the H200: the warps then cover about two tiles, which stay in L2).
-GROUP_CHUNK = 1
-
-
-def parse_defines(items: Sequence[str]) -> dict[str, int]:
-    """``["NAME=INT", ...]`` (the tools' --define, the harness's VARIANT:NAME=INT,...)
-    as #defines over the defaults; ValueError naming the item that is not NAME=INT."""
-    defines = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        if not name or not value.lstrip("-").isdigit():
-            raise ValueError(f"{item!r}: expected NAME=INT")
-        defines[name] = int(value)
-    return defines
-
 
 #: Compiled modules, memoised by (device id, source digest).
 _MODULES: dict[tuple[int, str], Any] = {}
@@ -98,11 +29,12 @@ def import_cupy():
     return cupy
 
 
-def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int]):
-    """The NVRTC-compiled kernel module for this device, compiled once per process."""
+def compiled_module(device_id: int, names: Sequence[str], config: KernelConfig):
+    """The NVRTC-compiled kernel module for this device and settings, compiled once
+    per process."""
     cupy = import_cupy()
     names = tuple(sorted(set(names)))
-    source = lay.assemble_source(defines)
+    source = lay.assemble_source(config)
     key = (device_id, lay.source_digest(source, names))
     mod = _MODULES.get(key)
     if mod is None:
@@ -113,9 +45,8 @@ def compiled_module(device_id: int, names: Sequence[str], defines: dict[str, int
     return mod
 
 
-def kernel_names(degrees: set[int], push: bool = False) -> list[str]:
-    """Every instantiation for these degrees (plus 32), so one module serves most networks;
-    the push forms' only where ``push`` (SPDNN_PUSH on: off, they are never launched)."""
+def kernel_names(degrees: set[int]) -> list[str]:
+    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
     names = ["scatter_rows<u16>", "scatter_rows<int>"]
     for d in sorted(degrees | {32}):
         names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
@@ -127,8 +58,4 @@ def kernel_names(degrees: set[int], push: bool = False) -> list[str]:
             names.append(f"layer_csr4<{smem},{vals}>")
             for itype in ("u16", "int"):
                 names.append(f"layer_csr<{smem},{vals},{itype}>")
-    if push:
-        names += [f"layer_push<{vals},{itype}>" for vals in ("true", "false")
-                  for itype in ("u16", "int")]
-        names += [f"layer_push_dense<{vals}>" for vals in ("true", "false")]
     return names

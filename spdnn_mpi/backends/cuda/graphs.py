@@ -1,12 +1,11 @@
 """Captured CUDA graphs of the CUDA backend's layer loop, cached by what they launch.
 
 A piece of the loop (the layers queued since the last look at the device,
-the rows held, the gather that may end it, and the batch's push forms) is
-captured once and then launched as one graph: one launch a piece instead of
-one or two a layer. Kernels take their buffers from the device pointer
-table, so a graph outlives the reallocation of the buffers; only the
-gather's output array and the host buffer of its copy are not, and their
-addresses are part of the key.
+the rows held, and the gather that may end it) is captured once and then
+launched as one graph: one launch a piece instead of one or two a layer.
+Kernels take their buffers from the device pointer table, so a graph
+outlives the reallocation of the buffers; only the gather's output array and
+the host buffer of its copy are not, and their addresses are part of the key.
 Host logic only: tested with fake streams on any machine.
 """
 
@@ -32,11 +31,10 @@ class GraphCache:
         """Forget every graph (a new network)."""
         self._graphs = {}
 
-    def key(self, todo: tuple, held: int, tail: Hashable, forms: Hashable) -> tuple:
-        """What identifies a piece: layers, rows held, what its gather (and copy)
-        depend on (``tail``: grid, sizes, addresses; None without a gather) and
-        the batch's kernel forms."""
-        return todo, held, tail, forms
+    def key(self, todo: tuple, held: int, tail: Hashable) -> tuple:
+        """What identifies a piece: layers, rows held, and what its gather (and
+        copy) depend on (``tail``: grid, sizes, addresses; None without a gather)."""
+        return todo, held, tail
 
     def get(self, key: tuple) -> Any | None:
         """The graph of ``key``, if graphs are on and it was captured."""

@@ -1,24 +1,29 @@
 """One layer's launch on the CUDA backend: kernel, grids, device layout, arguments.
 
-Kept apart from ``cuda.py`` (the layer loop, features, merges) because the
-choice is a small decision of its own: which kernel a layer runs directly and
-which once one tile of compressed rows is held, with which layout arrays.
-Everything here is host logic over a compiled module, so it is tested
-without a GPU (with NumPy as the array module and kernels given by name).
+Kept apart from the layer loop because the choice is a small decision of its
+own: which kernel a layer runs directly and which once one tile of
+compressed rows is held, with which layout arrays. Everything here is host
+logic over a compiled module, so it is tested without a GPU (with NumPy as
+the array module and kernels given by name).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import GROUP_CHUNK
-from spdnn_mpi.backends.cuda.push import push_kernel, push_layout
+from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.model import Layer
+
+#: Warp steps a warp of the grouped kernels takes in a row before striding on (a
+#: kernel argument): 1 against 4 gave 54.6-57.3 against 52.9 TE/s at 1024 x 120 and
+#: 64.0-66.2 against 61.9 at 4096 x 120 (H200, 2026-12-03): the warps then cover
+#: about two tiles at a time, which stay in L2.
+GROUP_CHUNK = 1
 
 
 def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
@@ -34,21 +39,63 @@ def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
     return max(1, min(by_regs, by_threads, by_smem))
 
 
+class Launch(NamedTuple):
+    """The shape of one kernel launch."""
+
+    kern: Any  # the kernel (CuPy RawKernel; a fake in tests)
+    grid: int  # blocks
+    threads: int  # threads a block
+    smem: int  # dynamic shared memory a block, bytes
+
+
+@dataclass(frozen=True)
+class LayerLaunch:
+    """Everything the layer loop needs to launch one layer (``Launcher.layer_entry``).
+
+    A kernel's arguments are the pointer table, ``head``, the device state (live
+    counts, stamps, layer index, whether to drop dead rows), then the layout
+    arguments: ``extra`` over whole tiles, ``extra_held`` once at most one tile of
+    rows is held (compressed, converged rows).
+    """
+
+    plan: lay.LayerPlan
+    full: Launch  # the whole-tile form: as many blocks as fit on the device
+    small: dict[int, Launch]  # rows held (8, 16 or 32, in one tile) -> their launch
+    n_in: int
+    n_out: int
+    head: tuple  # n_in, n_out, scale, scalar bias, bias vector, floor, clip
+    extra: tuple
+    extra_held: tuple
+    keep: tuple  # the device arrays the arguments point to (kept alive here)
+
+    def form(self, held: int) -> tuple[Launch, tuple]:
+        """(launch, layout arguments) with ``held`` rows held (0: whole tiles)."""
+        if held:
+            return self.small[held], self.extra_held
+        return self.full, self.extra
+
+    @property
+    def layout_bytes(self) -> int:
+        """Device bytes of the layer's layout."""
+        return sum(int(a.nbytes) for a in self.keep)
+
+
 @dataclass
 class Launcher:
     """What building a layer's launch needs from the backend."""
 
     cp: Any  # the array module of the layouts (CuPy; NumPy in tests)
     mod: Any  # the compiled module: get_function(name)
-    defines: dict[str, int]
+    config: KernelConfig
     sms: int
     variant: str
     blocks_per_sm: Callable[[Any, int, int], int]  # (kernel, threads, shared bytes)
 
     def threads(self, kind: str) -> int:
         """Threads a block of the kernels of ``kind``."""
-        return self.defines[{"smem32": "SPDNN_SMEM_THREADS", "csr4_smem": "SPDNN_SMEM_THREADS",
-                              "group": "SPDNN_GROUP_THREADS"}.get(kind, "SPDNN_GLOBAL_THREADS")]
+        if kind in ("smem32", "csr4_smem"):
+            return self.config.smem_threads
+        return self.config.group_threads if kind == "group" else self.config.global_threads
 
     def kernel(self, name: str, smem_bytes: int):
         """A kernel of the module, allowed ``smem_bytes`` of dynamic shared memory."""
@@ -60,22 +107,24 @@ class Launcher:
             kern.max_dynamic_shared_size_bytes = smem_bytes
         return kern
 
-    def launch(self, plan: lay.LayerPlan) -> tuple:
-        """(kernel, grid, threads) of ``plan``'s whole-tile form: as many blocks as fit."""
+    def launch(self, plan: lay.LayerPlan) -> Launch:
+        """``plan``'s whole-tile form: as many blocks as fit on the device."""
         kern = self.kernel(plan.kernel, plan.smem_bytes)
         threads = self.threads(plan.kind)
-        return kern, self.sms * self.blocks_per_sm(kern, threads, plan.smem_bytes), threads
+        grid = self.sms * self.blocks_per_sm(kern, threads, plan.smem_bytes)
+        return Launch(kern, grid, threads, plan.smem_bytes)
 
-    def small_grids(self, layer: Layer, plan: lay.LayerPlan, kern, grid: int,
-                    n_groups: int) -> dict:
-        """Rows held (one tile at most) -> (kernel, grid, threads, shared memory) of the
-        compressed, converged layers."""
+    def small_grids(self, layer: Layer, plan: lay.LayerPlan, full: Launch,
+                    n_groups: int) -> dict[int, Launch]:
+        """Rows held (one tile at most) -> the launch of the compressed, converged
+        layers (``full``: the whole-tile form of ``plan``)."""
+        kern, grid = full.kern, full.grid
         small = {}
         if plan.kind == "group":  # layers with values: the same kernel over the one tile
-            warps = self.defines["SPDNN_GROUP_THREADS"] // 32
-            per_step = self.defines["SPDNN_GROUP_LANE_SLOTS"] // 4  # groups a warp step
+            warps = self.config.group_threads // 32
+            per_step = self.config.group_lane_slots // 4  # groups a warp step
             g = max(1, min(grid, -(-n_groups // (per_step * warps))))
-            return {rows: (kern, g, self.threads("group"), 0) for rows in lay.ELL_ROWS}
+            return {rows: Launch(kern, g, self.threads("group"), 0) for rows in lay.ELL_ROWS}
         for rows in lay.ELL_ROWS:
             k_rows = kern
             if plan.is_ell:
@@ -85,10 +134,10 @@ class Launcher:
             steps = -(-layer.n_out // (128 // rows))
             g = (max(1, min(grid, steps // 16)) if plan.kind in ("smem32", "csr4_smem")
                  else min(grid, max(self.sms, -(-steps // 16))))
-            small[rows] = (k_rows, g, self.threads(plan.kind), plan.smem_bytes)
+            small[rows] = Launch(k_rows, g, self.threads(plan.kind), plan.smem_bytes)
         return small
 
-    def layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int) -> dict:
+    def layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int) -> LayerLaunch:
         """Upload one layer's layout; its kernel, grids and launch arguments."""
         cp = self.cp
         groups = None
@@ -96,18 +145,18 @@ class Launcher:
             groups = lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-            elif layer.values is None and self.defines.get("SPDNN_GROUP_SUM", 1):
+            elif layer.values is None:
                 # one weight for all: a group's slots share one sum (the same bits)
                 plan = replace(plan, kernel=f"layer_group_sum<{plan.degree}>")
-        kern, grid, threads = self.launch(plan)
+        full = self.launch(plan)
         keep: list = []  # device arrays the launch arguments point to
         extra_held = None
         if groups is not None:
             keep += [groups.indices, groups.out_ids, groups.weights]
-            head = (np.int32(groups.n_groups), groups.indices, groups.out_ids, groups.weights,
-                    np.int32(groups.wstride))
-            extra: tuple = (*head, np.int32(self.defines.get("SPDNN_GROUP_CHUNK", GROUP_CHUNK)))
-            extra_held = (*head, np.int32(1))
+            group_args = (np.int32(groups.n_groups), groups.indices, groups.out_ids,
+                          groups.weights, np.int32(groups.wstride))
+            extra: tuple = (*group_args, np.int32(GROUP_CHUNK))
+            extra_held = (*group_args, np.int32(1))
         elif plan.is_ell:
             extra = lay.ell_layout(layer, cp)
             keep += list(extra)
@@ -127,16 +176,15 @@ class Launcher:
         # Uniform grouped layers: once one tile is held, the ELL kernels for at most
         # 8/16/32 rows (one latency a layer; the grouped kernel waits four). Their
         # sums are the grouped kernel's bit for bit (adds in CSR order, one scale).
-        held = None
+        held_plan = None
         if groups is not None and layer.values is None:
-            held = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
-        if held is not None and held.is_ell:
-            held_kern, held_grid, _ = self.launch(held)
-            small = self.small_grids(layer, held, held_kern, held_grid, 0)
+            held_plan = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
+        if held_plan is not None and held_plan.is_ell:
+            small = self.small_grids(layer, held_plan, self.launch(held_plan), 0)
             extra_held = lay.ell_from_groups(groups, layer.row_degree, cp)
             keep += list(extra_held)
         else:
-            small = self.small_grids(layer, plan, kern, grid,
+            small = self.small_grids(layer, plan, full,
                                      groups.n_groups if groups is not None else 0)
         if layer.bias_is_scalar:
             bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
@@ -146,35 +194,7 @@ class Launcher:
             keep.append(bias_v)
         scale = np.float32(1.0 if layer.values is not None else layer.uniform_value)
         clip = np.float32(np.inf if layer.clip is None else layer.clip)
-        return {
-            "plan": plan, "kern": kern, "grid": grid, "threads": threads,
-            "small": small,
-            "n_in": layer.n_in, "n_out": layer.n_out, "keep": keep,
-            "head": (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s,
-                     bias_v, np.float32(layer.floor), clip),
-            "extra": extra, "extra_held": extra_held or extra,
-        }
-
-    def push_entry(self, layer: Layer, smem_limit: int, dense: bool = False) -> dict | None:
-        """A layer's push form (``cuda_push``): from the batch's input rows (the
-        first layer; kernels by the inputs' index type) or, ``dense``, from the
-        tiles (None where a unit's rows do not fit in shared memory); grid,
-        shared memory, layout and launch arguments."""
-        threads = self.defines["SPDNN_PUSH_THREADS"]
-        rows = threads // 32
-        staged = rows * (layer.n_in + 1) * 4 if dense else 0
-        chunk = min(self.defines["SPDNN_PUSH_CHUNK"], (smem_limit - staged) // (4 * rows) - 1)
-        if chunk < min(32, layer.n_out):
-            return None
-        layout = push_layout(layer, chunk)
-        smem = rows * (layout.chunk + 1) * 4 + staged
-        if dense:
-            one = self.kernel(push_kernel(layer, dense=True), smem)
-            kerns = {"u16": one, "int": one}
-        else:
-            kerns = {it: self.kernel(push_kernel(layer, itype=it), smem) for it in ("u16", "int")}
-        grid = self.sms * self.blocks_per_sm(kerns["u16"], threads, smem)
-        keep = [self.cp.asarray(a) for a in (layout.ptr, layout.outs, layout.weights)]
-        return {"kerns": kerns, "grid": grid, "threads": threads, "smem": smem, "keep": keep,
-                "chunk": layout.chunk,
-                "extra": (*keep, np.int32(layout.chunk), np.int32(layout.n_chunks))}
+        head = (np.int32(layer.n_in), np.int32(layer.n_out), scale, bias_s, bias_v,
+                np.float32(layer.floor), clip)
+        return LayerLaunch(plan, full, small, layer.n_in, layer.n_out, head, extra,
+                           extra_held or extra, tuple(keep))

@@ -1,6 +1,6 @@
 """Host side of the CUDA backend that needs no GPU: kernel sources and layouts.
 
-Kept apart from ``cuda.py`` so CPU-only machines (CI) can test that the
+Kept apart from the backend so CPU-only machines (CI) can test that the
 kernel sources are found, both in a source checkout (``<repo>/cuda``) and in
 a regular install (package ``spdnn_mpi.kernels``), and that the device
 layouts are built right.
@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer
 
 #: The kernel sources, compiled together as one NVRTC program.
 KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh")
-KERNEL_UNITS = (
-    "spdnn_layers.cu", "spdnn_groups.cu", "spdnn_push.cu", "spdnn_rows.cu", "spdnn_merge.cu",
-)
+KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu")
 
 #: Rows per feature tile (one warp, one lane per row).
 TILE_ROWS = 32
@@ -58,9 +57,10 @@ def read_kernel_file(name: str) -> str:
     return kernel_source_dir().joinpath(name).read_text(encoding="utf-8")
 
 
-def assemble_source(defines: dict[str, int | float] | None = None) -> str:
-    """One self-contained program: ``#define`` block, then every unit with its
-    local ``#include "..."`` lines inlined once (NVRTC then needs no include path)."""
+def assemble_source(config: KernelConfig | None = None) -> str:
+    """One self-contained program: the ``#define`` block of ``config`` (default:
+    the defaults), then every unit with its local ``#include "..."`` lines inlined
+    once (NVRTC then needs no include path)."""
     seen: set[str] = set()
 
     def expand(name: str) -> str:
@@ -70,7 +70,7 @@ def assemble_source(defines: dict[str, int | float] | None = None) -> str:
         text = _PRAGMA_ONCE.sub("", read_kernel_file(name))
         return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
 
-    head = "".join(f"#define {k} {v}\n" for k, v in sorted((defines or {}).items()))
+    head = (config or KernelConfig()).define_block()
     return head + "\n".join(expand(unit) for unit in KERNEL_UNITS)
 
 
@@ -133,9 +133,9 @@ GROUP_SLOTS = 16
 GROUP_MIN_FILL = 0.5
 #: Most outputs for which ``auto`` reads a CSR4 layer's inputs through L1/L2 even
 #: where the tile fits in shared memory: a tile then has at most 4 warp steps, so
-#: the block stages all of it for 4 of its 16 warps (H200, the pruned MNIST
-#: classifiers' 10-output layer: 6.4-7.7 against 9.5-10.2 us at 95-99 %,
-#: docs/performance.md, v9).
+#: the block stages all of it for 4 of its 16 warps (the pruned MNIST
+#: classifiers' 10-output layer at 1000 digits: 6.4-7.7 against 9.5-10.2 us at
+#: 95-99 %, H200, 2026-12-04).
 CSR4_NARROW_OUTPUTS = 16
 
 
@@ -177,7 +177,8 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     if degree_ok and (variant == "group" or (variant == "auto" and grouped)):
         return LayerPlan("group", f"layer_group<{d}>", d, 0)
     if ell_ok and variant != "csr":
-        # Measured on the H200 (docs/performance.md): the staged tile wins where it fits.
+        # The staged tile wins where it fits: 39.0 against 30.8 TE/s at 1024 x 120
+        # (H200, 2026-12-02).
         if fits32 and variant in ("auto", "smem32"):
             return LayerPlan("smem32", ell_kernel("smem32", d), d, tile_bytes)
         return LayerPlan("global", ell_kernel("global", d), d, 0)
@@ -215,10 +216,11 @@ def group_layout(layer: Layer, xp=np) -> GroupLayout:
     sets are neighbours and groups that read nearby inputs follow each other;
     equality is then checked exactly, index by index (a hash collision only
     splits a run). Runs longer than ``GROUP_SLOTS`` are cut into groups of
-    that size. Uniform layers get one block of ones shared by every group (the
-    value is applied once per output, as the other kernels do, so sums are
-    bit-identical to theirs); layers with values get each output's own
-    weights in its slot. ``xp`` is the array module (CuPy: on the device).
+    that size. Layers with values get each output's own weights in its slot;
+    uniform layers one block of ones shared by every group, which the
+    shared-sum kernel does not read (it adds the inputs once per group and
+    applies the value once per output, as the other kernels do). ``xp`` is
+    the array module (CuPy: on the device).
     """
     n_out, d = layer.n_out, layer.row_degree
     rows = xp.asarray(np.ascontiguousarray(layer.indices, dtype=np.uint16)).reshape(n_out, d)

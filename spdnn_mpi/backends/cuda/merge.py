@@ -3,12 +3,12 @@
 Hash every held row, sort the hashes (stable), compare each row word by word
 with the first row of its run, compact the representatives with the layer
 loop's own compaction kernel, and bring only their positions to the host,
-in one copy. Kept apart from ``cuda.py`` so that the layer loop and the merge
-each stay one idea.
+in one copy. Kept apart from the layer loop so that each stays one idea.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,12 +44,13 @@ class DeviceMerge:
             self._cap = cap
         return self._buf
 
-    def merge(self, *, ptrs, state, stamps, mask, compact, n: int, width: int,
-              k: int) -> RowGroups:
+    def merge(self, *, ptrs, state, stamps, mask, compact: Callable[[], None], n: int,
+              width: int, k: int) -> RowGroups:
         """Merge the ``n`` rows held after 0-based layer ``k`` (``width`` neurons each).
 
         Runs on the current device and stream; ``mask`` is the layer's parity
-        of the tile masks, ``compact`` the compaction kernel.
+        of the tile masks, ``compact()`` enqueues the layer loop's compaction
+        after layer ``k`` (it moves the representatives).
         """
         cp, mk = self._cp, self._k
         b = self._buffers(n)
@@ -67,7 +68,7 @@ class DeviceMerge:
         mk["mark_reps"](slots, (256,), (state, b["head"], b["differs"], mask, b["owner"]))
         mk["plan_reps"]((1,), (512,), (ptrs, state, stamps, np.int32(k), b["out"]))
         mk["emit_groups"](slots, (256,), (ptrs, state, np.int32(k), b["owner"], b["out"]))
-        compact((self._sms * 8,), (256,), (ptrs, np.int32(width), state, stamps, np.int32(k)))
+        compact()
         out = b["out"][: 2 * n + 1].get().astype(np.int64)
         reps = int(out[0])
         return RowGroups(n, out[1 : 1 + reps], out[1 + reps : 1 + n],

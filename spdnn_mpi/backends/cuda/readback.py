@@ -1,7 +1,7 @@
 """What the CUDA backend reads back: the device state's slots and one batch's
 packed results (``gather_results`` in ``cuda/spdnn_rows.cu``).
 
-Kept apart from ``cuda.py`` (the layer loop) because it is the host's whole
+Kept apart from the layer loop because it is the host's whole
 side of the one copy a batch ends with: the array's layout, the reused
 device and pinned host buffers, the copy, and the unpacking, which at 1000
 rows is a measurable part of a small batch's timed host work. The layout and

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spdnn_mpi.backends.cuda.compile import parse_defines
+from spdnn_mpi.backends.cuda.config import KernelConfig, parse_defines
 from spdnn_mpi.bench.peers.device_memory import free_device_caches, out_of_memory_is_a_skip
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
@@ -167,12 +167,13 @@ def floor_report(n: int, degree: int, n_layers: int, live_in: list[int], seconds
 
 def time_cuda(network: Network, rows: SparseRows, *, repeat: int = 3, variant: str = "auto",
               batch: int | None = None, device: int | None = None,
-              defines: dict[str, int] | None = None, compress: str = "off") -> dict:
-    """Load, warm up and time the CUDA backend (median of ``repeat`` runs)."""
+              config: KernelConfig | None = None, compress: str = "off") -> dict:
+    """Load, warm up and time the CUDA backend (median of ``repeat`` runs) with the
+    kernel settings ``config`` (default: the defaults)."""
     from spdnn_mpi.backends.cuda.backend import CudaBackend
     from spdnn_mpi.engine import time_inference
 
-    backend = CudaBackend(device=device, variant=variant, defines=defines)
+    backend = CudaBackend(device=device, variant=variant, config=config)
     t0 = time.perf_counter()
     backend.load_network(network.layers)
     load_s = time.perf_counter() - t0
@@ -208,6 +209,16 @@ def suite_inputs(n: int, images: int, digits: np.ndarray | None, seed: int = 0) 
     return SparseRows(n, indptr, idx.astype(np.uint16 if n <= 65536 else np.int32))
 
 
+def variant_config(spec: str) -> tuple[str, KernelConfig]:
+    """``VARIANT[:NAME=INT,...]`` as (kernel variant, kernel settings); ValueError or
+    SpdnnError naming what is wrong."""
+    from spdnn_mpi.backends.cuda.layout import check_variant
+
+    variant, _, extra = spec.partition(":")
+    check_variant(variant)
+    return variant, KernelConfig.from_defines(parse_defines([kv for kv in extra.split(",") if kv]))
+
+
 def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers: list[str],
               peer_max: int, variants: list[str], digits: np.ndarray | None,
               challenge: Path | None, compress: list[str] | None = None) -> list[dict]:
@@ -235,9 +246,8 @@ def run_suite(configs: list[tuple[int, int]], *, images: int, repeat: int, peers
             for label, net in nets:
                 first = len(out)  # peers are compared with the first variant's row
                 for spec, mode in [(v, m) for v in variants for m in compress or ["off"]]:
-                    variant, _, extra = spec.partition(":")
-                    defines = parse_defines([kv for kv in extra.split(",") if kv])
-                    r = time_cuda(net, rows, repeat=repeat, variant=variant, defines=defines,
+                    variant, config = variant_config(spec)
+                    r = time_cuda(net, rows, repeat=repeat, variant=variant, config=config,
                                   compress=mode)
                     res = r["result"]
                     live_in = [int(v) for v in res.computed_rows_per_layer]
@@ -336,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="compression mode(s) to time, repeatable (default: off)")
     p.add_argument("--json", help="write all numbers here")
     args = p.parse_args(argv)
+    for spec in args.variant:  # a bad setting fails now, not after the first timings
+        try:
+            variant_config(spec)
+        except (ValueError, SpdnnError) as exc:
+            p.error(f"--variant {spec}: {exc}")
     configs = []
     for c in args.config or ["1024x120"]:
         n, layers = c.lower().split("x")

@@ -1,37 +1,18 @@
-"""CUDA backend on classifiers: ReLU and linear layers, argmax readout, shipped models (GPU).
-
-Marked ``gpu``; they skip with the reason where CuPy or a device is missing.
-"""
+"""CUDA backend on classifiers (GPU): ReLU and linear layers, argmax readout, shipped
+models, the CSR4 kernels on pruned-like layers."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import random_inputs, random_network
-from test_cuda import CUDA_OK, CUDA_WHY
 
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.readout import classes_of_rows
-from spdnn_mpi.reference import reference_infer, reference_predictions
+from spdnn_mpi.reference import reference_predictions
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
-
-
-def _run(net, rows, variant="auto"):
-    from spdnn_mpi.backends.cuda.backend import CudaBackend
-
-    backend = CudaBackend(variant=variant)
-    backend.load_network(net.layers)
-    return run_inference(net, rows, backend, want_features=True)
-
-
-def _assert_matches_reference(net, rows, res):
-    ids, ref = reference_infer(net, rows)
-    np.testing.assert_array_equal(res.alive_ids, ids)
-    if ref.size:
-        err = np.linalg.norm(res.features - ref) / max(np.linalg.norm(ref), 1e-30)
-        assert err <= 1e-5, err
+from .gpu_helpers import assert_matches_reference, cuda_backend, run_cuda
 
 
 @pytest.mark.parametrize("variant", ["auto", "global", "csr"])
@@ -42,8 +23,8 @@ def test_random_classifiers_match_reference(variant, seed):
     net = random_network(rng, widths, 0.2, bias="positive", clip=None,
                          activations=["relu", "relu", "none"])
     rows = random_inputs(rng, 333, widths[0], 0.3, binary=False)
-    res = _run(net, rows, variant)
-    _assert_matches_reference(net, rows, res)
+    res = run_cuda(net, rows, variant)
+    assert_matches_reference(net, rows, res)
     ours = classes_of_rows(rows.n_rows, res.alive_ids, res.features)
     np.testing.assert_array_equal(ours, reference_predictions(net, rows))
 
@@ -61,7 +42,7 @@ def test_linear_uniform_layers_on_every_kernel(variant):
                             None if k < 2 else 4.0, "none" if k != 1 else "relu"))
     net = Network(layers)
     rows = random_inputs(rng, 200, n, 0.2, binary=False)
-    _assert_matches_reference(net, rows, _run(net, rows, variant))
+    assert_matches_reference(net, rows, run_cuda(net, rows, variant))
 
 
 def test_negative_outputs_are_alive():
@@ -71,7 +52,7 @@ def test_negative_outputs_are_alive():
     dense = np.zeros((70, 40), np.float32)
     dense[::2, 3] = 1.0  # even rows: one negative output; odd rows: all zero
     rows = SparseRows.from_dense(dense)
-    res = _run(net, rows)
+    res = run_cuda(net, rows)
     np.testing.assert_array_equal(res.alive_ids, np.arange(0, 70, 2))
 
 
@@ -82,8 +63,8 @@ def test_shipped_models_predict_like_the_reference(tmp_path):
     for entry in [e for e in mm.bundled_models() if e.get("file")]:
         with Store(mm.model_store(entry, tmp_path)) as st:
             net, rows, expected = st.network(), st.inputs(), st.predictions(st.n_layers)
-        res = _run(net, rows)
-        _assert_matches_reference(net, rows, res)
+        res = run_cuda(net, rows)
+        assert_matches_reference(net, rows, res)
         ours = classes_of_rows(rows.n_rows, res.alive_ids, res.features)
         np.testing.assert_array_equal(ours, expected)
 
@@ -125,12 +106,11 @@ def _pruned_like_layer(rng, n_in, n_out, values, bias):
 def test_csr4_on_pruned_degree_skew(widths, values):
     """The CSR4 kernels on pruned-like layers: outputs of degree 0 to n_in in one
     warp step, odd widths, staged tiles (n_in 300, 784, 1024) and L1/L2 ones
-    (3000, 2100, and every layer with the ``global`` variant), whose index and
-    value loads run 1 to 3 chunks ahead (SPDNN_CSR4_AHEAD). Ids exact, features
-    within 1e-5 of the reference, and the same bits for every form and
-    look-ahead: the sums run in CSR order whatever the kernel."""
-    from spdnn_mpi.backends.cuda.backend import CudaBackend
-    from spdnn_mpi.backends.cuda.compile import DEFAULT_DEFINES
+    (3000, 2100, and every layer with the ``global`` variant), whose gathers are
+    issued 1 or 4 chunks at a time (SPDNN_CSR4_GROUP). Ids exact, features
+    within 1e-5 of the reference, and the same bits for every form and group:
+    the sums run in CSR order whatever the kernel."""
+    from spdnn_mpi.backends.cuda.config import KernelConfig
 
     rng = np.random.default_rng(sum(widths) + values)
     layers = [_pruned_like_layer(rng, n_in, n_out, values,
@@ -140,14 +120,13 @@ def test_csr4_on_pruned_degree_skew(widths, values):
     net = Network(layers)
     rows = random_inputs(rng, 1000, widths[0], 0.3, binary=False)
     results = []
-    for variant, ahead in (("auto", 2), ("global", 1), ("global", 2), ("global", 3)):
-        backend = CudaBackend(variant=variant,
-                              defines={**DEFAULT_DEFINES, "SPDNN_CSR4_AHEAD": ahead})
+    for variant, group in (("auto", 4), ("global", 4), ("global", 1)):
+        backend = cuda_backend(variant=variant, config=KernelConfig(csr4_group=group))
         backend.load_network(net.layers)
         kinds = set(backend.describe()["kernels"])
         assert kinds <= ({"csr4_smem", "csr4_global"} if variant == "auto" else {"csr4_global"})
         results.append(run_inference(net, rows, backend, want_features=True))
-    _assert_matches_reference(net, rows, results[0])
+    assert_matches_reference(net, rows, results[0])
     for res in results[1:]:
         np.testing.assert_array_equal(res.alive_ids, results[0].alive_ids)
         np.testing.assert_array_equal(res.features, results[0].features)

@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import challenge_dir, random_inputs, random_network
-from test_compression import duplicated_rows, saturating
-from test_cuda import CUDA_OK, CUDA_WHY
+from conftest import (
+    challenge_dir,
+    duplicated_rows,
+    random_inputs,
+    random_network,
+    saturating,
+)
 
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network
 from spdnn_mpi.reference import reference_infer
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason=CUDA_WHY)]
-
-
-def _backend(**kw):
-    from spdnn_mpi.backends.cuda.backend import CudaBackend
-
-    return CudaBackend(**kw)
+from .gpu_helpers import cuda_backend
 
 
 def _both(net, rows, batch=None, **kw):
     """(off, auto) on fresh CUDA backends, features included."""
     out = []
     for mode in ("off", "auto"):
-        backend = _backend(**kw)
+        backend = cuda_backend(**kw)
         backend.load_network(net.layers)
         out.append(run_inference(net, rows, backend, batch=batch, want_features=True,
                                  compress=mode))
@@ -86,7 +84,9 @@ def test_uniform_challenge_values_collapse_with_every_hash_equal(width):
     rng = np.random.default_rng(width)
     net = _uniform_saturating(rng, width, 40)
     rows = random_inputs(rng, 1500, width, 0.3)
-    off, auto = _both(net, rows, defines={"SPDNN_MERGE_COLLIDE": 1})
+    from spdnn_mpi.backends.cuda.config import KernelConfig
+
+    off, auto = _both(net, rows, config=KernelConfig(merge_collide=1))
     # a merge trusting the (all equal) hashes would fold every row into one
     _assert_exact(net, rows, off, auto)
     assert auto.compression[0] and 0 < len(off.alive_ids) < rows.n_rows
@@ -138,7 +138,7 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
     off, auto = _both(net, rows)
     _assert_exact(net, rows, off, auto)
     assert auto.compression[0][0]["representatives"] == distinct
-    backend = _backend()
+    backend = cuda_backend()
     backend.load_network(net.layers)
     run_inference(net, rows, backend, compress="auto")
-    assert backend._held == held
+    assert backend._queue.held == held

@@ -1,0 +1,151 @@
+"""The CUDA backend's layer loop: queued layers launched as captured graphs or
+one by one, the compaction passes between them, and the gather that ends a
+batch.
+
+The host queues layers (``add``) and launches them only when it must look
+at the device (``flush``, ``finish``): each such piece is captured once as a
+CUDA graph, cached by what it launches (``graphs.GraphCache``), and later
+launched with one call. Each layer is one persistent kernel whose last
+block decides whether the survivors move to dense tiles; the next layer
+writes them there as it computes them, or, before a kernel that cannot
+(``layout.compacts_on_write``), a ``compact_rows`` pass moves them. Host
+logic over kernels and a stream: tested with fakes on any machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.backends.cuda.features import FeatureBuffers
+from spdnn_mpi.backends.cuda.graphs import GraphCache
+from spdnn_mpi.backends.cuda.launch import LayerLaunch
+from spdnn_mpi.backends.cuda.readback import PackedResults
+
+
+class LayerQueue:
+    """Layers queued on one stream, launched in pieces (graphs or direct)."""
+
+    def __init__(self, buffers: FeatureBuffers, results: PackedResults, device: Any,
+                 stream: Any, sms: int, graphs: bool = True) -> None:
+        self._buffers = buffers  # the pointer table and state every kernel takes
+        self._results = results  # the gather's array and its host copy
+        self._device = device  # a CuPy Device (context manager)
+        self._stream = stream
+        self._sms = sms
+        self.graphs = GraphCache(graphs)
+        self.layers: list[LayerLaunch] = []
+        self._compact = None  # compact_rows
+        self._gather = None  # gather_results
+        self.pending: list[tuple[int, bool]] = []  # (layer, drop dead rows) not launched yet
+        self.held = 0  # > 0: at most this many rows (one tile) held since a merge
+        self.merging = False  # merges ran: graphs are captured in every held-rows form
+
+    def attach(self, module: Any, layers: list[LayerLaunch]) -> None:
+        """A new network: its layers and the module's loop kernels; no graph kept."""
+        self.layers = layers
+        self._compact = module.get_function("compact_rows")
+        self._gather = module.get_function("gather_results")
+        self.graphs.clear()
+
+    def start_batch(self) -> None:
+        """A new batch: nothing queued, every row held in tiles."""
+        self.pending = []
+        self.held = 0
+
+    def add(self, k: int, drop_dead: bool) -> None:
+        """Queue layer ``k``; then drop all-zero rows if ``drop_dead``."""
+        self.pending.append((k, bool(drop_dead)))
+
+    def launch(self, k: int, drop_dead: bool, held: int) -> None:
+        """Enqueue one layer (and the compaction it may ask for). ``held`` > 0: at
+        most that many rows (one tile) are held, so a few blocks compute only those
+        rows and nothing is compacted (dead rows stay zero, which is exact)."""
+        b = self._buffers
+        layer = self.layers[k]
+        kk = np.int32(k)
+        drop = drop_dead and not held
+        launch, extra = layer.form(held)
+        args = (b.ptrs, *layer.head, b.state, b.live_hist, b.stamps, kk,
+                np.int32(1 if drop else 0), *extra)
+        launch.kern((launch.grid,), (launch.threads,), args, shared_mem=launch.smem)
+        if drop and not self.compacts_on_write(k + 1):
+            self.compact(k)
+
+    def compact(self, k: int) -> None:
+        """Enqueue ``compact_rows`` after layer ``k``: it moves the survivors to dense
+        tiles if the layer's plan asked for it, and does nothing otherwise."""
+        b = self._buffers
+        self._compact((self._sms * 8,), (256,),
+                      (b.ptrs, np.int32(self.layers[k].n_out), b.state, b.stamps, np.int32(k)))
+
+    def compacts_on_write(self, k: int) -> bool:
+        """Whether layer ``k`` writes the compaction its predecessor may ask for
+        (no compact_rows pass before it). The last layer's is left pending:
+        ``finish`` reads the survivors from the mask, and a merge runs it first."""
+        if k >= len(self.layers):
+            return True
+        return lay.compacts_on_write(self.layers[k].plan.kind)
+
+    def flush(self, gather: tuple | None = None) -> None:
+        """Launch the queued layers: a cached graph when possible, else one by one.
+
+        ``gather``: (grid, args, tail, copy words) of a ``gather_results`` launch
+        to end the piece with (``finish``), and of the copy of its results to the
+        host when that is one piece, captured into the same graph: one launch,
+        and the host then only waits. ``tail`` says what the gather and the copy
+        depend on beyond the arrays made with the network (the graph key).
+        """
+        if not self.pending and gather is None:
+            return
+        todo, self.pending = tuple(self.pending), []
+        cache = self.graphs
+        if todo and cache.on:
+            graph = cache.get(self._key(todo, self.held, gather))
+            if graph is None:
+                with self._device, self._stream:
+                    graph = self._capture(todo, self.held, gather)
+                    # every form at once while merging: a warm-up that ends with another
+                    # number of rows than the timed run then leaves nothing to capture there
+                    for held in (0, *lay.ELL_ROWS) if self.merging else ():
+                        if held != self.held:
+                            self._capture(todo, held, gather)
+            if graph is not None:
+                with self._device:  # the stream is named: no current-stream switch
+                    graph.launch(stream=self._stream)
+                return
+        with self._device, self._stream:
+            self._run_piece(todo, self.held, gather)
+
+    def finish(self, n_run: int, width: int, want_features: bool) -> np.ndarray:
+        """Launch what is queued, then ``gather_results`` and the copy of its packed
+        array (``readback``) for a batch after ``n_run`` layers of ``width``
+        outputs; wait and return the array on the host."""
+        b, results = self._buffers, self._results
+        read = results.prepare(n_run, width, want_features, b.loaded_rows)
+        blocks = max(1, min(-(-max(b.loaded_rows, read.head) // 256), self._sms * 8))
+        # the graph key: the other arrays of the gather were made with the network
+        tail = (blocks, n_run, width, want_features, results.copy_key(read.copy))
+        self.flush(gather=(blocks, (b.ptrs, b.state, b.live_hist, b.stamps, np.int32(n_run),
+                                    np.int32(width), np.int32(want_features), results.device),
+                           tail, read.copy))
+        return results.fetch(self._stream, read)
+
+    def _key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
+        return self.graphs.key(todo, held, None if gather is None else gather[2])
+
+    def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
+        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream."""
+        for k, drop in todo:
+            self.launch(k, drop, held)
+        if gather is not None:
+            self._gather((gather[0],), (256,), gather[1])
+            if gather[3]:
+                self._results.enqueue_copy(self._stream, gather[3])
+
+    def _capture(self, todo: tuple, held: int, gather: tuple | None = None):
+        """The graph of ``todo`` (then ``gather``) with ``held`` rows, captured now."""
+        return self.graphs.capture(self._stream, self._key(todo, held, gather),
+                                   lambda: self._run_piece(todo, held, gather))

@@ -1,0 +1,74 @@
+"""Building a network's device layout on the CUDA backend: plan every layer,
+compile the module its kernels need, upload each layer's layout.
+
+Layout build time is not inference time: ``load_network`` reports it
+separately (``layout_seconds``, ``compile_seconds``).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.backends.cuda.compile import compiled_module, kernel_names
+from spdnn_mpi.backends.cuda.config import KernelConfig
+from spdnn_mpi.backends.cuda.launch import Launcher, LayerLaunch, blocks_per_sm
+from spdnn_mpi.model import Layer
+
+#: Dynamic shared memory a block may take: the device's opt-in limit less 1 KB
+#: (what the runtime reserves a block).
+SMEM_RESERVED = 1024
+
+
+@dataclass
+class DeviceNetwork:
+    """A network on the device: the compiled module and every layer's launch."""
+
+    module: Any
+    layers: list[LayerLaunch]
+    width: int  # the widest layer's inputs or outputs
+    info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
+
+
+def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict,
+                  variant: str, config: KernelConfig, layers: Sequence[Layer],
+                  progress: Callable[[int], None] | None = None) -> DeviceNetwork:
+    """Plan, compile and upload ``layers`` on ``device`` (``progress(layers done)``
+    after each); waits until the uploads are done."""
+    t0 = time.perf_counter()
+    sms = int(props["multiProcessorCount"])
+    smem_limit = int(props["sharedMemPerBlockOptin"]) - SMEM_RESERVED
+    plans = [lay.plan_layer(layer, smem_limit, variant) for layer in layers]
+    names = kernel_names({p.degree for p in plans if p.degree})
+    t_compile = time.perf_counter()
+    module = compiled_module(device_id, sorted(names), config)
+    compile_s = time.perf_counter() - t_compile
+    launcher = Launcher(cp, module, config, sms, variant,
+                        functools.partial(blocks_per_sm, props))
+    kinds: dict[str, int] = {}
+    forms: dict[str, int] = {}  # kernels by name (layer_group_sum<32>, ...)
+    entries: list[LayerLaunch] = []
+    width = 0
+    with device, stream:
+        for layer, plan in zip(layers, plans):
+            entry = launcher.layer_entry(layer, plan, smem_limit)
+            kinds[entry.plan.kind] = kinds.get(entry.plan.kind, 0) + 1
+            forms[entry.plan.kernel] = forms.get(entry.plan.kernel, 0) + 1
+            entries.append(entry)
+            width = max(width, layer.n_in, layer.n_out)
+            if progress is not None:
+                progress(len(entries))
+        stream.synchronize()
+    info = {
+        "kernels": kinds,
+        "kernel_names": forms,
+        "layout_bytes": sum(e.layout_bytes for e in entries),
+        "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
+        "compile_seconds": round(compile_s, 4),
+        "grids": sorted({(e.plan.kind, e.full.grid, e.full.threads) for e in entries}),
+    }
+    return DeviceNetwork(module, entries, width, info)

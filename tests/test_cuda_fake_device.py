@@ -1,0 +1,205 @@
+"""The CUDA backend's wiring on a fake CuPy (no GPU): what it launches, in which order.
+
+The fake runs no kernel: arrays are NumPy arrays with CuPy's few extra
+methods, kernels record their names, streams record captures. So this checks
+the host side only (which kernel, which compaction pass, which graph), not
+the numbers, which the GPU tests in tests/gpu compare with the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+from conftest import block_layer, fixed_degree_layer, random_network
+
+from spdnn_mpi.model import Network, SparseRows
+
+#: An H100's properties, as far as the backend reads them.
+PROPS = {"name": b"fake H100", "multiProcessorCount": 132, "sharedMemPerBlockOptin": 232448,
+         "regsPerMultiprocessor": 65536, "maxThreadsPerMultiProcessor": 2048,
+         "sharedMemPerMultiprocessor": 233472, "l2CacheSize": 50 << 20}
+
+
+class DevArray(np.ndarray):
+    """A NumPy array with CuPy's ``data.ptr``, ``get`` and ``set``; items stay arrays."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    def __getitem__(self, key):
+        out = super().__getitem__(key)
+        return out if isinstance(out, np.ndarray) else np.asarray(out).view(DevArray)
+
+    def get(self, stream=None, out=None):
+        host = np.asarray(self).copy()
+        if out is None:
+            return host
+        out[...] = host
+        return out
+
+    def set(self, values, stream=None):
+        self[...] = values
+
+
+class Recorder:
+    """What was launched, in order."""
+
+    def __init__(self):
+        self.log: list[str] = []
+
+
+def fake_cupy(rec: Recorder) -> types.ModuleType:
+    """A ``cupy`` module whose kernels, streams and graphs write to ``rec.log``."""
+
+    class Kernel:
+        def __init__(self, name):
+            self.name, self.num_regs, self.shared_size_bytes = name, 64, 0
+            self.max_dynamic_shared_size_bytes = 0
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            rec.log.append(self.name)
+
+    class Module:
+        def __init__(self, code, options, name_expressions):
+            self.names = set(name_expressions)
+            self.kernels: dict[str, Kernel] = {}
+
+        def compile(self):
+            rec.log.append("compile")
+
+        def get_function(self, name):
+            return self.kernels.setdefault(name, Kernel(name))
+
+    class Graph:
+        def launch(self, stream=None):
+            rec.log.append("graph")
+
+    class Stream:
+        ptr = 7
+
+        def __init__(self, non_blocking=False):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def synchronize(self):
+            pass
+
+        def begin_capture(self):
+            rec.log.append("capture(")
+
+        def end_capture(self):
+            rec.log.append(")")
+            return Graph()
+
+    def memcpy(dst, src, nbytes, kind, stream):
+        rec.log.append("copy")
+        ctypes.memmove(dst, src, nbytes)
+
+    cp = types.ModuleType("cupy")
+    for name in ("int32", "int64", "uint16", "uint32", "uint64", "float32", "nonzero",
+                 "cumsum", "flatnonzero", "any", "argsort", "ascontiguousarray"):
+        setattr(cp, name, getattr(np, name))
+    def on_device(make):
+        return lambda *args, **kw: make(*args, **kw).view(DevArray)
+
+    for name in ("asarray", "zeros", "ones", "full", "arange"):
+        setattr(cp, name, on_device(getattr(np, name)))
+    cp.empty = on_device(np.zeros)  # no kernel writes here: what they would is zero
+    cp.ndarray = DevArray
+    cp.RawModule = Module
+    pool = types.SimpleNamespace(total_bytes=lambda: 0, free_bytes=lambda: 0,
+                                 free_all_blocks=lambda: None)
+    cp.get_default_memory_pool = lambda: pool
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, getDevice=lambda: 0, getDeviceProperties=lambda i: PROPS,
+        memGetInfo=lambda: (40 << 30, 80 << 30), memcpyAsync=memcpy, memcpyDeviceToHost="d2h")
+    cp.cuda = types.SimpleNamespace(runtime=runtime, Stream=Stream,
+                                    Device=lambda i: Stream())
+    return cp
+
+
+@pytest.fixture
+def backend_and_log(monkeypatch):
+    from spdnn_mpi.backends.cuda import compile as comp
+
+    rec = Recorder()
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(rec))
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=np.zeros))
+    monkeypatch.setattr(comp, "_MODULES", {})  # no fake module left for a real GPU test
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
+
+    return CudaBackend(), rec.log
+
+
+def _network(rng) -> Network:
+    """One layer of each kind the loop treats apart: grouped (uniform), general CSR
+    (32-bit indices: no compaction on write), staged ELL, narrow CSR4."""
+    general = random_network(rng, [256, 200], 0.05).layers[0]
+    general.indices = general.indices.astype(np.int32)
+    head = random_network(rng, [128, 10], 0.2).layers[0]
+    return Network([block_layer(rng, 300, 256, 16, values=False, min_group=16), general,
+                    fixed_degree_layer(rng, 200, 128, 16), head])
+
+
+def test_a_batch_launches_its_layers_once_captured_then_as_one_graph(backend_and_log):
+    backend, log = backend_and_log
+    rng = np.random.default_rng(0)
+    net = _network(rng)
+    rows = SparseRows.from_dense((rng.random((100, 300)) < 0.2).astype(np.float32))
+    backend.load_network(net.layers)
+    info = backend.describe()
+    assert log == ["compile"] and info["graphs"] == "on"
+    assert info["kernel_names"] == {"layer_group_sum<16>": 1, "layer_csr<true,true,int>": 1,
+                                    "layer_ell_smem<16,32,false>": 1,
+                                    "layer_csr4<false,true>": 1}
+    assert not any("push" in key for key in info)
+    layers = ["layer_group_sum<16>", "compact_rows", "layer_csr<true,true,int>",
+              "layer_ell_smem<16,32,false>", "layer_csr4<false,true>"]
+    for expected in (["capture(", *layers, "gather_results", "copy", ")", "graph"], ["graph"]):
+        log.clear()
+        backend.load_features(rows, drop_empty=True)
+        for k in range(len(net.layers)):
+            backend.run_layer(k, drop_dead=True)
+        assert log == ["scatter_rows<u16>", "stamp"]  # layers wait for finish
+        res = backend.finish(want_features=True)
+        assert log[2:] == expected
+        assert res.features.shape == (0, 10) and res.live_per_layer == [0, 0, 0, 0]
+    backend.release_buffers()
+    assert backend.max_batch_rows(1024) >= 32
+
+
+def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_log):
+    backend, log = backend_and_log
+    rng = np.random.default_rng(1)
+    net = _network(rng)
+    rows = SparseRows.from_dense((rng.random((50, 300)) < 0.2).astype(np.float32))
+    backend.load_network(net.layers)
+    backend.load_features(rows, drop_empty=True)
+    backend.run_layer(0, drop_dead=True)
+    backend.run_layer(1, drop_dead=True)
+    log.clear()
+    groups = backend.merge_duplicate_rows()  # the fake's kernels keep no row
+    assert groups.rows_before == 50 and groups.representatives == 0
+    assert log == ["capture(", "layer_group_sum<16>", "compact_rows",
+                   "layer_csr<true,true,int>", ")", "graph", "compact_rows", "row_hashes",
+                   "group_heads", "compare_heads", "mark_reps", "plan_reps", "emit_groups",
+                   "compact_rows"]
+    log.clear()
+    backend.run_layer(2, drop_dead=True)
+    backend.flush()
+    # merging: captured for every number of rows held; 8 rows held now (nothing compacts)
+    assert log == ["capture(", "layer_ell_smem<16,8,true>", ")",
+                   "capture(", "layer_ell_smem<16,32,false>", ")",
+                   "capture(", "layer_ell_smem<16,32,true>", ")",
+                   "capture(", "layer_ell_smem<16,16,true>", ")", "graph"]
+    assert backend.live_count() == 0

@@ -1,0 +1,164 @@
+"""Host side of the CUDA backend (no GPU): kernel sources, layer plans, device layouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import block_layer, fixed_degree_layer
+
+from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.model import Layer
+
+
+def test_kernel_sources_found_and_assembled():
+    folder = lay.kernel_source_dir()
+    for name in lay.KERNEL_HEADERS + lay.KERNEL_UNITS:
+        assert folder.joinpath(name).is_file(), name
+    from spdnn_mpi.backends.cuda.config import KernelConfig
+
+    config = KernelConfig(smem_threads=256)
+    src = lay.assemble_source(config)
+    assert src.startswith(config.define_block()) and "#define SPDNN_SMEM_THREADS 256\n" in src
+    assert '#include "' not in src  # local headers inlined, so NVRTC needs no -I
+    for kernel in ("layer_ell_smem", "layer_ell_global", "layer_csr", "layer_group", "compact_rows",
+                   "scatter_rows", "stamp"):
+        assert f" {kernel}(" in src or f"\n    {kernel}(" in src, kernel
+    assert "#pragma once" not in src and src.count("struct LayerArgs {") == 1
+
+
+def test_installed_package_maps_to_cuda_folder():
+    """setup.cfg ships cuda/*.cu and *.cuh as package spdnn_mpi.kernels."""
+    text = (Path(__file__).resolve().parents[1] / "setup.cfg").read_text()
+    assert "spdnn_mpi.kernels = cuda" in text
+    assert "*.cu" in text and "*.cuh" in text
+
+
+@pytest.mark.parametrize("n_in,n_out,kind", [(300, 64, "smem32"), (300, 33, "global"),
+                                             (9000, 70, "global")])
+def test_ell_layout_covers_every_output_once(n_in, n_out, kind):
+    rng = np.random.default_rng(n_out)
+    layer = fixed_degree_layer(rng, n_in, n_out, 16)
+    plan = lay.plan_layer(layer, 200 * 1024, "smem32" if kind == "smem32" else "global")
+    assert plan.kind == kind and plan.is_ell
+    flat, out_ids = lay.ell_layout(layer)
+    assert flat.dtype == np.uint16 and out_ids.dtype == np.int32
+    assert np.array_equal(np.sort(out_ids), np.arange(n_out))  # a permutation
+    back = np.empty((n_out, 16), dtype=np.uint16)
+    back[out_ids] = flat.reshape(n_out, 16)
+    assert np.array_equal(back.ravel(), layer.indices)  # CSR order kept within each output
+
+
+@pytest.mark.parametrize("values", [True, False])
+@pytest.mark.parametrize("n_in,n_out,degree,max_group", [(300, 203, 32, 16), (5000, 77, 8, 40),
+                                                          (64, 1000, 64, 3)])
+def test_group_layout_covers_every_output_once(n_in, n_out, degree, max_group, values):
+    rng = np.random.default_rng(n_out + degree)
+    layer = block_layer(rng, n_in, n_out, degree, values=values, max_group=max_group)
+    assert lay.plan_layer(layer, 200 * 1024).kind == "group"
+    gl = lay.group_layout(layer)
+    assert gl.n_groups % 4 == 0
+    out = gl.out_ids.reshape(gl.n_groups, lay.GROUP_SLOTS)
+    idx = gl.indices.reshape(gl.n_groups, degree)
+    assert np.array_equal(np.sort(out[out >= 0]), np.arange(n_out))  # each output once
+    rows = layer.indices.reshape(n_out, degree)
+    g, slot = np.nonzero(out >= 0)
+    assert np.array_equal(idx[g], rows[out[g, slot]])  # every member reads the group's inputs
+    if values:
+        w = gl.weights.reshape(gl.n_groups, degree, lay.GROUP_SLOTS)
+        assert gl.wstride == degree * lay.GROUP_SLOTS
+        assert np.array_equal(w[g, :, slot], layer.values.reshape(n_out, degree)[out[g, slot]])
+        assert np.all(w.transpose(0, 2, 1)[out < 0] == 0)
+    else:
+        assert gl.wstride == 0 and np.all(gl.weights == 1) and gl.weights.size == degree * 16
+    n_sets = len(np.unique(rows, axis=0))
+    used = int(np.count_nonzero((out >= 0).any(axis=1)))
+    assert n_sets <= used <= n_sets + n_out // lay.GROUP_SLOTS  # runs cut at 16 only
+    assert gl.fill == pytest.approx(n_out / (used * lay.GROUP_SLOTS))
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_ell_from_groups_is_an_ell_layout(values):
+    rng = np.random.default_rng(9)
+    layer = block_layer(rng, 400, 333, 16, values=values, max_group=20)
+    idx, out_ids = lay.ell_from_groups(lay.group_layout(layer), 16)
+    assert np.array_equal(np.sort(out_ids), np.arange(333))
+    assert np.array_equal(idx.reshape(333, 16), layer.indices.reshape(333, 16)[out_ids])
+
+
+def test_group_layout_of_radixnet_layers_is_full():
+    """RadiX-Net layers (the challenge's) are groups of 16 outputs sharing 32 inputs."""
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    for layer in radixnet_network(1024, 3).layers:
+        gl = lay.group_layout(layer)
+        assert gl.fill == 1.0 and gl.n_groups == 1024 // 16
+
+
+def test_plan_takes_group_only_for_fixed_degree_16_bit_layers():
+    rng = np.random.default_rng(4)
+    uniform = fixed_degree_layer(rng, 300, 64, 16)
+    assert lay.plan_layer(uniform, 200 * 1024).kind == "group"
+    assert lay.plan_layer(uniform, 200 * 1024, grouped=False).kind == "smem32"
+    assert lay.plan_layer(uniform, 200 * 1024, "csr").kind == "csr_smem"
+    odd = fixed_degree_layer(rng, 300, 64, 12)
+    assert lay.plan_layer(odd, 200 * 1024, "group").kind == "csr4_smem"
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_csr4_layout_aligns_each_output_and_keeps_csr_order(values):
+    rng = np.random.default_rng(11)
+    i, j = np.nonzero(rng.random((70, 45)) < 0.2)
+    vals = rng.normal(size=len(i)) if values else np.full(len(i), 0.5)
+    layer = Layer.from_coo(i, j, vals, 70, 45)
+    assert lay.plan_layer(layer, 200 * 1024).kind == "csr4_smem"
+    assert lay.plan_layer(layer, 1024).kind == "csr4_global"
+    assert lay.plan_layer(layer, 200 * 1024, "global").kind == "csr4_global"
+    assert lay.plan_layer(layer, 200 * 1024, "csr").kind == "csr_smem"
+    narrow = Layer.from_coo(i % 16, j % 16, vals, 70, 16)
+    assert lay.plan_layer(narrow, 200 * 1024).kind == "csr4_global"
+    assert lay.plan_layer(narrow, 200 * 1024, "smem32").kind == "csr4_smem"
+    spans, idx, v = lay.csr4_layout(layer)
+    deg = np.diff(layer.indptr)
+    assert np.array_equal(spans[:, 1], deg) and np.all(spans[:, 0] % 8 == 0)
+    assert np.all(np.diff(spans[:, 0]) == -(-deg[:-1] // 8) * 8)
+    for out in range(layer.n_out):
+        a, b = layer.indptr[out], layer.indptr[out + 1]
+        start, d = spans[out]
+        assert np.array_equal(idx[start:start + d], layer.indices[a:b])
+        assert np.all(idx[start + d:start + -(-d // 8) * 8] == 0)
+        if values:
+            assert np.array_equal(v[start:start + d], layer.values[a:b])
+    if not values:
+        assert v.size == 1
+
+
+def test_locality_order_puts_equal_input_sets_side_by_side():
+    rng = np.random.default_rng(3)
+    base = np.sort(np.stack([rng.choice(5000, 32, replace=False) for _ in range(50)]), axis=1)
+    rows = base[rng.permutation(np.repeat(np.arange(50), 16))]  # 16 outputs per input set
+    order = lay.locality_order(rows)
+    runs = rows[order]
+    changes = np.count_nonzero(np.any(runs[1:] != runs[:-1], axis=1))
+    assert changes == 49  # each input set is one run of 16
+    assert np.array_equal(np.sort(order), np.arange(len(rows)))
+
+
+def test_unknown_variant_is_refused():
+    from spdnn_mpi.backends.cuda.backend import CudaBackend
+    from spdnn_mpi.errors import SpdnnError
+
+    layer = fixed_degree_layer(np.random.default_rng(4), 100, 20, 8)
+    with pytest.raises(SpdnnError, match="unknown CUDA kernel variant 'smem8'"):
+        lay.plan_layer(layer, 200 * 1024, "smem8")
+    with pytest.raises(SpdnnError, match="one of auto, group, smem32, global, csr"):
+        CudaBackend(variant="l1")  # refused before CuPy is needed, so also without a GPU
+
+
+def test_plan_falls_back_to_csr_for_general_layers():
+    rng = np.random.default_rng(2)
+    i, j = np.nonzero(rng.random((40, 30)) < 0.3)
+    layer = Layer.from_coo(i, j, rng.normal(size=len(i)), 40, 30)
+    plan = lay.plan_layer(layer, 200 * 1024)
+    assert plan.kind.startswith("csr")
