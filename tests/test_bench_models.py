@@ -26,6 +26,7 @@ def test_bench_model_store_against_onnxruntime_with_plot(tmp_path, capsys):
     assert "xonnxruntime" in table and "pass" in table and "DISAGREE" not in table
     row = json.loads(out.read_text())["models"][0]
     assert row["images"] == 600 and row["check"]["passed"]
+    assert len(row["layer_seconds"]) == len(row["widths"]) - 1  # per-layer times, cpu
     peer = row["peers"]["onnxruntime"]
     assert peer["agrees"] and peer["max_rel_diff"] < 1e-5 and peer["seconds"] > 0
     assert peer["accuracy"] == row["accuracy"]

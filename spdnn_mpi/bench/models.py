@@ -106,6 +106,7 @@ def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
         "widths": [network.n_inputs] + [lay.n_out for lay in network.layers],
         "images": rows.n_rows, "backend": backend_name, "seconds": median,
         "seconds_all": times, "accuracy": _score(classes, labels),
+        "layer_seconds": None if res.layer_seconds is None else res.layer_seconds.tolist(),
         "backend_info": backend.describe(), "peers": {},
     }
     if reference is not None:
