@@ -134,11 +134,13 @@ def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float]
             "ceilings": card.ceilings() if card else None}
 
 
-def add_first_layers(row: dict, network, k: int, card: Card | None, device: str) -> None:
+def add_first_layers(row: dict, network, k: int, card: Card | None,
+                     device: str | None) -> None:
     """The off mode's first ``k`` layers against ``card``'s floor, into ``row`` (if timed).
 
-    ``device``: the name the backend reported, kept beside the card (None
-    when no card of ``CARDS`` matches it) so the JSON says which GPU had none.
+    ``card`` is None when no card of ``CARDS`` matches ``device``, the name the
+    backend reported; that name is kept in the JSON beside the card, so it says
+    which GPU had no floor.
     """
     off = row["modes"].get("off")
     if k <= 0 or off is None or off.get("layer_seconds") is None:
