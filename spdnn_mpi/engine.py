@@ -178,7 +178,7 @@ def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat:
     An untimed warm-up first keeps compilation and CUDA graph capture out of
     the numbers: on ``backend.warm_up_rows`` rows, or all of them where that is
     None (a graph captured for fewer rows ends differently and is not reused).
-    The benchmark and the GPU harness both use it.
+    The benchmark uses it.
     """
     warm = rows.n_rows if backend.warm_up_rows is None else min(rows.n_rows, backend.warm_up_rows)
     run_inference(network, rows.slice(0, warm), backend, batch=batch,

@@ -51,6 +51,13 @@ def truth_memory_bytes(truth_fn: TruthFn | None, n_rows: int, width: int) -> int
     return 0  # the cpu backend sizes its batches to the memory available
 
 
+def kept_layer_bytes(neurons: int, degree: int = 32) -> int:
+    """Host bytes of one challenge layer held for the truth (int64 indptr, uint16
+    indices at N <= 65536, int32 above; no values: the challenge's weights are uniform)."""
+    index_bytes = 2 if neurons <= 65536 else 4
+    return 8 * (neurons + 1) + index_bytes * degree * neurons
+
+
 def check_truth_memory(truth_name: str, truth_fn: TruthFn | None, n_rows: int, width: int,
                        extra: int = 0) -> None:
     """Refuse before the long work starts when the truth computation cannot fit."""

@@ -25,9 +25,13 @@ def test_bench_store_with_graphblas_peer_and_simulated_ranks(tiny_store, tmp_pat
     assert main(["bench", str(tiny_store), "--backend", "cpu", "--peer", "graphblas",
                  "--ranks-sim", "3,2", "--repeat", "2", "--json", str(out), "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "graphblas_s" in table and "proj_auto" in table and "pass" in table
-    assert "SNICIT" in table and "A100_2020" in table
+    assert "graphblas_s" in table and "auto_proj_x" in table and "pass" in table
+    # a CPU run: its comparison is the GraphBLAS peer, not the published GPU figures
+    assert "SNICIT" not in table and "A100" not in table and "floor" not in table
+    sims = _section(table, "simulated ranks")
+    assert [(line.split()[0], line.split()[2]) for line in sims] == [("1024", "3"), ("1024", "2")]
     res = json.loads(out.read_text())["results"][0]
+    assert "anchors" not in res and "first_layers" not in res
     assert res["neurons"] == 1024 and res["layers"] == 12
     assert res["peers"]["graphblas"]["agrees"]
     off, auto = res["modes"]["off"], res["modes"]["auto"]
@@ -44,11 +48,28 @@ def test_bench_store_with_graphblas_peer_and_simulated_ranks(tiny_store, tmp_pat
         assert mode["seconds_min"] == min(mode["seconds_all"])
         assert mode["seconds_max"] == max(mode["seconds_all"])
         assert mode["seconds_min"] <= mode["seconds"] <= mode["seconds_max"]
+    for p, line in zip((3, 2), sims):  # every P asked for, both modes' projections
+        cells = line.split()
+        for mode, col in ((off, 3), (auto, 6)):
+            sim = next(s for s in mode["ranks_sim_all"] if s["ranks"] == p)
+            assert float(cells[col]) == pytest.approx(sim["projected_speedup"], abs=6e-4)
+            assert float(cells[col + 1]) == pytest.approx(sim["imbalance"], abs=6e-4)
+    conv = res["converged_layers"]
+    assert conv["rows_at_most"] == 32 and conv["mode"] == "auto"
+    assert "converged layers, auto (compressed)" in table and "1024x12:" in table
     assert "off_runs_s" in table and "auto_runs_s" in table
     for mode in (off, auto):  # both modes' spreads, so an outlier of either shows
         assert f"{mode['seconds_min']:.3f}-{mode['seconds_max']:.3f}" in table
     whole = json.loads(out.read_text())
     assert whole["peak_host_bytes"] >= res["peak_host_bytes"] > 10_000_000
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The data lines of the table printed under the line that starts with ``title``."""
+    lines = text.split("\n" + title, 1)[1].splitlines()[1:]
+    body = lines[2:]  # after the header and its rule
+    return body[:next((i for i, line in enumerate(body) if not line.strip()[:1].isdigit()),
+                      len(body))]
 
 
 def test_bench_one_mode_only(tiny_store, tmp_path, capsys):
@@ -152,7 +173,79 @@ def _bench_row(off_check, auto_check):
 ])
 def test_bench_table_says_what_the_categories_were_checked_against(off_check, auto_check,
                                                                     shown):
-    from spdnn_mpi.commands.bench import table
+    from spdnn_mpi.bench.tables import table
 
     line = table([_bench_row(off_check, auto_check)], []).splitlines()[2]
     assert line.split()[-1] == shown
+
+
+def test_gpu_table_shows_the_anchors_and_a_cpu_table_does_not():
+    from spdnn_mpi.bench.tables import table
+
+    row = _bench_row(None, None)
+    gpu = table([row], [])
+    assert "A100_2020" in gpu.splitlines()[0] and "SNICIT" in gpu.splitlines()[0]
+    assert "16.740" in gpu and "published TE/s" in gpu
+    del row["anchors"]
+    cpu = table([row], [])
+    assert "A100" not in cpu and "SNICIT" not in cpu and "16.740" not in cpu
+
+
+@pytest.mark.parametrize("device, card", [("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+                                          ("NVIDIA H200", "NVIDIA H200"),
+                                          ("NVIDIA L4", None)])
+def test_a_gpu_run_gets_the_floor_of_its_card(tiny_store, device, card, capsys):
+    """bench_case as on a GPU (the CPU backend reporting a device name): anchors, the
+    first layers against that card's floor, or none for a card not in the table."""
+    from spdnn_mpi.backends import make_backend
+    from spdnn_mpi.bench.challenge import bench_case
+    from spdnn_mpi.bench.tables import report
+    from spdnn_mpi.cli import build_parser
+
+    args = build_parser().parse_args(["bench", str(tiny_store), "--repeat", "1", "--quiet",
+                                      "--first-layers", "4"])
+    backend = make_backend("cpu", threads=1)
+    describe = backend.describe
+    backend.describe = lambda: {**describe(), "device": device}
+    row = bench_case(args, tiny_store, None, backend, "cuda")
+    fl = row["first_layers"]
+    assert row["anchors"] == {"paper_2020_a100": None, "snicit_a6000": None}
+    assert fl["device"] == device and fl["card"] == card and len(fl["rows"]) == 4
+    text = report([row], [])
+    assert "A100_2020" in text
+    if card is None:
+        assert fl["ceilings"] is None and all(r["floor_us"] is None for r in fl["rows"])
+        assert f"no floor: the device {device!r} is not in the card table" in text
+    else:
+        assert fl["ceilings"]["card"] == card and fl["rows"][0]["floor_us"] > 0
+        assert f"floor: one {card}," in text and f"backend cuda, {card}:" in text
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--config", "64x0"], "--config"),
+    (["--config", "0x120"], "--config"),
+    (["--config", "64x-1"], "--config"),
+    (["--plot-config", "1024x0"], "--plot-config"),
+    (["--peer-max", "0x1"], "--peer-max"),
+    (["--repeat", "0"], "--repeat"),
+    (["--repeat", "-1"], "--repeat"),
+    (["--threads", "0"], "--threads"),
+    (["--first-layers", "-1"], "--first-layers"),
+    (["--images", "0"], "--images"),
+    (["--model-images", "0"], "--model-images"),
+    (["--batch", "0"], "--batch"),
+    (["--repeat", "two"], "--repeat"),
+])
+def test_bench_refuses_bad_counts_at_parse_time(argv, option, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--config", "1024x2", *argv, "--quiet"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and argv[1] in err and "Traceback" not in err
+
+
+def test_bench_parses_first_layers_zero_as_none():
+    from spdnn_mpi.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--config", "1024x2", "--first-layers", "0"])
+    assert args.first_layers == 0

@@ -1,4 +1,4 @@
-"""Floors, the first-layers table and `spdnn bench --plot` on tiny configurations."""
+"""Floors per card, the first-layers table and `spdnn bench --plot` on tiny configurations."""
 
 from __future__ import annotations
 
@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 
 from spdnn_mpi.bench import plot as bench_plot
-from spdnn_mpi.bench.floors import H200_FMA_PER_S, H200_HBM_BYTES_PER_S, first_layers, layer_floor
+from spdnn_mpi.bench import tables
+from spdnn_mpi.bench.floors import (
+    CARDS,
+    H100_SXM,
+    H200,
+    add_first_layers,
+    card_for,
+    converged_layers,
+    first_layers,
+    layer_floor,
+)
 from spdnn_mpi.cli import main
 
 matplotlib.use("Agg")
@@ -21,7 +31,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_hbm_bound_layer_by_hand():
     # 1024 -> 1024, 32 per output, 60000 rows: 4 * 60000 * 2048 B of features
     # (491 520 000) + 2 B * 32768 indices = 491 585 536 B; 32 * 1024 * 60000 FMAs.
-    fl = layer_floor(1024, 1024, 32, 60000)
+    fl = layer_floor(1024, 1024, 32, 60000, H200)
     assert fl["bytes"] == 491_585_536 and fl["fmas"] == 1_966_080_000
     assert fl["bound"] == "hbm"
     assert fl["seconds"] == pytest.approx(491_585_536 / 4.3e12)  # 114.3 us
@@ -30,12 +40,37 @@ def test_hbm_bound_layer_by_hand():
 
 def test_fma_bound_layer_by_hand():
     # dense 1024 x 1024, 1000 rows: 8 192 000 + 2 097 152 B, 1.048576e9 FMAs
-    fl = layer_floor(1024, 1024, 1024, 1000)
+    fl = layer_floor(1024, 1024, 1024, 1000, H200)
     assert fl["bytes"] == 10_289_152 and fl["fmas"] == 1_048_576_000
     assert fl["bound"] == "fma"
     assert fl["seconds"] == pytest.approx(1_048_576_000 / 33.45408e12)  # 31.3 us
     assert fl["hbm_seconds"] == pytest.approx(10_289_152 / 4.3e12)  # 2.4 us
-    assert H200_HBM_BYTES_PER_S == 4.3e12 and H200_FMA_PER_S == pytest.approx(33.45408e12)
+    assert H200.hbm_bytes_per_s == 4.3e12 and H200.fma_per_s == pytest.approx(33.45408e12)
+
+
+@pytest.mark.parametrize("device, card", [
+    ("NVIDIA H200", H200),
+    ("NVIDIA H100 80GB HBM3", H100_SXM),
+    ("nvidia h100 80gb hbm3 ", H100_SXM),
+    ("NVIDIA H100 PCIe", None),  # other SMs and memory: no floor, not the SXM one
+    ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200 NVL", None),
+    ("NVIDIA A100-SXM4-80GB", None),
+    ("", None),
+    (None, None),
+])
+def test_card_is_picked_from_the_device_name(device, card):
+    assert card_for(device) is card
+
+
+def test_h100_floor_uses_the_h100_bandwidth():
+    h100 = layer_floor(1024, 1024, 32, 60000, H100_SXM)
+    h200 = layer_floor(1024, 1024, 32, 60000, H200)
+    assert h100["bytes"] == h200["bytes"] == 491_585_536
+    assert h100["seconds"] == pytest.approx(491_585_536 / 3.0e12)  # 163.9 us
+    assert h200["seconds"] == pytest.approx(491_585_536 / 4.3e12)  # 114.3 us
+    assert H100_SXM.fma_per_s == pytest.approx(132 * 128 * 1.98e9)
+    assert {c.name for c in CARDS} >= {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
 
 
 def _layer(n_in, n_out, degree, values=None):
@@ -46,9 +81,9 @@ def test_first_layers_rows_and_totals_from_a_fake_result():
     net = SimpleNamespace(layers=[_layer(1024, 1024, 32)] * 3 + [_layer(1024, 1024, 1024)])
     rows_in = [60000, 30000, 1000, 1000]
     seconds = [228.6e-6, 200e-6, 10e-6, 62.7e-6]
-    out = first_layers(net, rows_in, seconds, k=2)
-    floors = [layer_floor(1024, 1024, 32, r)["seconds"] for r in rows_in[:3]]
-    floors.append(layer_floor(1024, 1024, 1024, 1000)["seconds"])
+    out = first_layers(net, rows_in, seconds, 2, H200)
+    floors = [layer_floor(1024, 1024, 32, r, H200)["seconds"] for r in rows_in[:3]]
+    floors.append(layer_floor(1024, 1024, 1024, 1000, H200)["seconds"])
     assert out["k"] == 2 and [r["layer"] for r in out["rows"]] == [1, 2]
     first = out["rows"][0]
     assert first["rows_in"] == 60000 and first["bound"] == "hbm"
@@ -59,26 +94,86 @@ def test_first_layers_rows_and_totals_from_a_fake_result():
     assert out["first"]["floor_us"] == pytest.approx(1e6 * sum(floors[:2]))
     assert out["all"]["layers"] == 4 and out["all"]["measured_us"] == pytest.approx(501.3)
     assert out["all"]["percent_of_floor"] == pytest.approx(100 * sum(floors) / 501.3e-6)
-    untimed = first_layers(net, rows_in, None, k=10)
+    assert out["ceilings"] == {"card": "NVIDIA H200", "hbm_bytes_per_s": 4.3e12,
+                               "fma_per_s": H200.fma_per_s}
+    unknown = first_layers(net, rows_in, seconds, 2, None)
+    assert unknown["ceilings"] is None and unknown["rows"][0]["floor_us"] is None
+    assert unknown["rows"][0]["measured_us"] == pytest.approx(228.6)
+    assert unknown["rows"][0]["percent_of_floor"] is None and unknown["all"]["floor_us"] is None
+    untimed = first_layers(net, rows_in, None, 10, H200)
     assert untimed["k"] == 4 and untimed["rows"][3]["bound"] == "fma"
     assert untimed["rows"][0]["percent_of_floor"] is None
     assert untimed["all"]["measured_us"] is None
 
 
-def test_first_layers_table_text():
+def _gpu_row(net_layers: int = 3) -> dict:
+    return {"neurons": 1024, "layers": net_layers, "backend": "cuda",
+            "modes": {"off": {"layer_seconds": [2e-4, 1e-4, 1e-5],
+                              "computed_rows_per_layer": [60000, 20000, 3000]}}}
+
+
+@pytest.mark.parametrize("card, hbm", [(H200, "4.3e12"), (H100_SXM, "3.0e12")])
+def test_first_layers_table_text_names_the_card_of_the_run(card, hbm):
     net = SimpleNamespace(layers=[_layer(1024, 1024, 32)] * 3)
-    row = {"neurons": 1024, "layers": 3, "backend": "cuda",
-           "modes": {"off": {"layer_seconds": [2e-4, 1e-4, 1e-5],
-                             "computed_rows_per_layer": [60000, 20000, 3000]}}}
-    bench_plot.add_first_layers(row, net, 2)
-    text = bench_plot.first_layers_text([row])
-    assert "first 2 layers of 1024x3, off (direct)" in text
+    row = _gpu_row()
+    add_first_layers(row, net, 2, card, card.name)
+    text = tables.first_layers_text([row])
+    assert f"first 2 layers of 1024x3, off (direct), backend cuda, {card.name}" in text
     assert "first 2" in text and "all 3" in text and "%floor" in text and "hbm" in text
+    assert f"floor: one {card.name}, max(HBM bytes / {hbm} B/s" in text
+    assert row["first_layers"]["ceilings"]["hbm_bytes_per_s"] == card.hbm_bytes_per_s
+    assert row["first_layers"]["card"] == card.name
     assert len(row["first_layers"]["floor_us_per_layer"]) == 3
     row["modes"]["off"]["layer_seconds"] = None
     del row["first_layers"]
-    bench_plot.add_first_layers(row, net, 2)
-    assert "first_layers" not in row and bench_plot.first_layers_text([row]) == ""
+    add_first_layers(row, net, 2, card, card.name)
+    assert "first_layers" not in row and tables.first_layers_text([row]) == ""
+
+
+def test_unknown_card_gets_no_floor_and_the_legend_says_so():
+    net = SimpleNamespace(layers=[_layer(1024, 1024, 32)] * 3)
+    row = _gpu_row()
+    add_first_layers(row, net, 3, card_for("NVIDIA A100-SXM4-80GB"), "NVIDIA A100-SXM4-80GB")
+    fl = row["first_layers"]
+    assert fl["card"] is None and fl["ceilings"] is None and fl["device"].startswith("NVIDIA A")
+    assert "floor_us_per_layer" not in fl
+    assert all(r["floor_us"] is None and r["measured_us"] for r in fl["rows"])
+    text = tables.first_layers_text([row])
+    assert "no floor for NVIDIA A100-SXM4-80GB" in text
+    assert "no floor: the device 'NVIDIA A100-SXM4-80GB' is not in the card table" in text
+    assert "H200" in text.split("card table", 1)[1]  # the cards that have one
+    assert "floor: one" not in text and "hbm" not in text
+
+
+def test_converged_layers_median_over_the_tail():
+    mode = {"compress": "auto", "computed_rows_per_layer": [60000, 900, 32, 12, 40, 1, 1],
+            "layer_seconds": [3e-4, 5e-5, 9e-6, 8e-6, 2e-5, 7e-6, 1.1e-5]}
+    c = converged_layers(mode)
+    assert c["layers"] == 4 and c["first_layer"] == 3 and c["rows_at_most"] == 32
+    assert c["median_us"] == pytest.approx(8.5) and c["mode"] == "auto"
+    assert c["min_us"] == pytest.approx(7.0) and c["max_us"] == pytest.approx(11.0)
+    none = converged_layers({**mode, "computed_rows_per_layer": [60000] * 7})
+    assert none["layers"] == 0 and none["median_us"] is None and none["first_layer"] is None
+    assert converged_layers({**mode, "layer_seconds": None}) is None
+    text = tables.converged_text([{"neurons": 1024, "layers": 7, "converged_layers": c},
+                                  {"neurons": 4096, "layers": 7, "converged_layers": none}])
+    assert "1024x7: 4 layers (from layer 3), median 8.5 us (fastest-slowest 7.0-11.0)" in text
+    assert "4096x7: none (every layer computed more than 32 rows)" in text
+    assert "at most 32 rows (one tile)" in text
+
+
+def test_layers_panel_draws_the_floor_of_the_run_s_card():
+    import matplotlib.pyplot as plt
+
+    net = SimpleNamespace(layers=[_layer(1024, 1024, 32)] * 3)
+    row = _gpu_row()
+    row["modes"]["off"]["live_rows_per_layer"] = [20000, 3000, 3000]
+    add_first_layers(row, net, 3, H100_SXM, H100_SXM.name)
+    fig, ax = plt.subplots()
+    bench_plot._layers_panel(ax, row)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "NVIDIA H100 80GB HBM3 floor, off (HBM / FMA model)" in labels
+    plt.close(fig)
 
 
 def test_layers_panel_without_layer_times_says_so():
@@ -109,7 +204,10 @@ def test_bench_plot_end_to_end_cpu(tmp_path, capsys):
                  "--first-layers", "3", "--plot", str(png), "--plot-config", "1024x4",
                  "--json", str(js), "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "first 3 layers of 1024x6, off (direct), backend cpu" in out and "%floor" in out
+    # a CPU run: no GPU floor, no GPU anchors; the converged layers line is there
+    assert "first 3 layers" not in out and "%floor" not in out and "floor" not in out
+    assert "A100" not in out and "SNICIT" not in out
+    assert "converged layers, auto (compressed)" in out and "1024x6:" in out
     assert _is_png(png)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".b.png")]
     results = json.loads(js.read_text())["results"]
@@ -117,9 +215,11 @@ def test_bench_plot_end_to_end_cpu(tmp_path, capsys):
         for mode in r["modes"].values():
             assert len(mode["layer_seconds"]) == r["layers"]
             assert all(s > 0 for s in mode["layer_seconds"])
-        fl = r["first_layers"]
-        assert fl["mode"] == "off" and len(fl["rows"]) == 3 and fl["all"]["layers"] == r["layers"]
-        assert fl["rows"][0]["rows_in"] == r["modes"]["off"]["computed_rows_per_layer"][0]
+        assert "first_layers" not in r and "anchors" not in r
+        conv = r["converged_layers"]
+        assert conv["mode"] == "auto" and conv["rows_at_most"] == 32
+        rows = r["modes"]["auto"]["computed_rows_per_layer"]
+        assert conv["layers"] == sum(1 for x in rows if x <= 32)
 
 
 def test_bench_plot_reference_backend_has_no_layer_times(tmp_path, capsys):

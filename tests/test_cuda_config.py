@@ -102,14 +102,3 @@ def test_defines_are_parsed_as_name_int_and_anything_else_is_named():
     for bad in ("SPDNN_X", "SPDNN_X=1.5", "=4", "SPDNN_X="):
         with pytest.raises(ValueError, match=f"{bad!r}: expected NAME=INT"):
             parse_defines([bad])
-
-
-def test_harness_variants_name_a_bad_setting_before_timing():
-    from spdnn_mpi.bench.peers.gpu_sparse import variant_config
-
-    assert variant_config("global:SPDNN_CSR4_GROUP=1") == ("global", KernelConfig(csr4_group=1))
-    assert variant_config("auto") == ("auto", KernelConfig())
-    with pytest.raises(SpdnnError, match="SPDNN_GSUM_COALESCE"):
-        variant_config("auto:SPDNN_GSUM_COALESCE=0")
-    with pytest.raises(SpdnnError, match="unknown CUDA kernel variant"):
-        variant_config("smem8")

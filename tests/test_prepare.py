@@ -341,3 +341,89 @@ def test_store_without_inputs_says_how_to_add_them(tree, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "store has no inputs" in err
     assert "--inputs sparse-images-N.tsv" in err and "--generate-inputs" in err
+
+
+def test_prepare_tree_converts_every_network(tree, tmp_path, capsys):
+    """--tree: one store per N with all layers, its images and every truth file."""
+    out_dir = tmp_path / "stores"
+    assert main(["prepare", "--tree", str(tree["root"]), "--out-dir", str(out_dir)]) == 0
+    captured = capsys.readouterr()
+    store = out_dir / f"neuron{N}-l4.h5"
+    assert captured.out.split() == [str(store)]
+    assert "store 1/1: N=16, 4 layers, 2 truth file(s)" in captured.err
+    assert "layer 4/4" in captured.err
+    with Store(store) as st:
+        assert st.n_layers == 4 and st.truth_layers() == [2, 4]
+        np.testing.assert_array_equal(st.inputs().to_dense(), tree["rows"].to_dense())
+        np.testing.assert_array_equal(st.truth(2), [1, 7, 30])
+    # an existing store stops the run before anything is read, unless --force
+    assert main(["prepare", "--tree", str(tree["root"]), "--out-dir", str(out_dir),
+                 "--quiet"]) == 2
+    assert "--out-dir" in capsys.readouterr().err
+    assert main(["prepare", "--tree", str(tree["root"]), "--out-dir", str(out_dir),
+                 "--quiet", "--force", "--neurons", "16"]) == 0
+
+
+def test_prepare_tree_split_makes_one_store_per_truth_file(tree, tmp_path, capsys):
+    out_dir = tmp_path / "stores"
+    assert main(["prepare", "--tree", str(tree["root"]), "--out-dir", str(out_dir), "--split",
+                 "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert sorted(p.name for p in out_dir.iterdir()) == [f"neuron{N}-l2.h5", f"neuron{N}-l4.h5"]
+    with Store(out_dir / f"neuron{N}-l2.h5") as st:
+        assert st.n_layers == 2 and st.truth_layers() == [2]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--tree", "{missing}", "--out-dir", "{out}"], "--tree {missing}: no such folder"),
+    (["--tree", "{root}"], "--tree {root} needs --out-dir DIR"),
+    (["--tree", "{root}", "--out-dir", "{out}", "--neurons", "1024", "4096"],
+     "no neuron{N} folder with layer files for --neurons 1024 4096"),
+    (["--tree", "{root}", "--out-dir", "{out}", "--inputs", "x.tsv", "--layers", "2"],
+     "--layers, --inputs: for one network (--weights DIR)"),
+    (["--tree", "{root}", "--out-dir", "{out}", "--no-clip"], "--clip/--no-clip: for one"),
+    (["--tree", "{root}", "--out-dir", "{out}", "--out", "x.h5"], "--out: for one network"),
+    (["--tree", "{root}", "--out-dir", "{file}"], "--out-dir {file} exists and is not a"),
+    (["--weights", "{weights}"], "--weights needs --out STORE"),
+    (["--weights", "{weights}", "--out", "{out}/s.h5", "--out-dir", "{out}"],
+     "--out-dir goes with --tree DIR"),
+    (["--weights", "{weights}", "--out", "{out}/s.h5", "--split"], "--split goes with --tree"),
+    (["--weights", "{weights}", "--out", "{out}/s.h5", "--neurons", "16", "32"],
+     "--neurons 16 32: one N with --weights"),
+])
+def test_prepare_tree_errors_name_the_argument(tree, tmp_path, capsys, argv, fragment):
+    names = {"missing": tmp_path / "nowhere", "out": tmp_path / "out", "root": tree["root"],
+             "weights": tree["weights"], "file": tmp_path / "a-file", "N": "{N}"}
+    (tmp_path / "a-file").write_text("")
+    argv = [a.format(**names) for a in argv]
+    assert main(["prepare", *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment.format(**names) in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_takes_weights_or_tree_not_both(tree, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "--weights", str(tree["weights"]), "--tree", str(tree["root"]),
+              "--out", str(tmp_path / "s.h5")])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["prepare", "--out", str(tmp_path / "s.h5")])
+    assert "one of the arguments --weights --tree is required" in capsys.readouterr().err
+
+
+def test_formats_never_import_the_generators():
+    """Readers and writers of files stay below the generators: --generate-inputs is wired
+    in the command (commands/prepare.py hands prepare_store a function)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "spdnn_mpi" / "formats"
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}: {n}" for n in names if n.startswith("spdnn_mpi.generators")]
+    assert not bad, bad

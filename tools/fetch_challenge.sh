@@ -5,7 +5,7 @@
 #   dnn/neuron{N}.tar.gz                  -> DEST/neuron{N}/n{N}-l{k}.tsv (all 1920 layers)
 #   dnn/neuron{N}-l{L}-categories.tsv     -> DEST/ (truth for L in --layers)
 #   mnist/sparse-images-{N}.tsv.gz        -> DEST/ (kept gzipped: spdnn reads .gz)
-# then `python tools/convert_tree.py DEST STORES` makes the stores. Downloads go
+# then `spdnn prepare --tree DEST --out-dir STORES` makes the stores. Downloads go
 # to a .part name and are renamed when complete; re-running resumes them.
 set -euo pipefail
 
@@ -113,4 +113,4 @@ for n in "${neurons[@]}"; do
     echo "fetch_challenge: $dest/neuron$n holds $count layer files"
     [[ $keep -eq 1 ]] || rm -f "$archive"
 done
-echo "fetch_challenge: done; next: python tools/convert_tree.py $dest STORE_DIR"
+echo "fetch_challenge: done; next: spdnn prepare --tree $dest --out-dir STORE_DIR"

@@ -1,35 +1,74 @@
-"""Per-layer device-time floors on one H200, and the first-layers table of a run.
+"""Per-layer device-time floors on the card a run used, and the first-layers rows.
 
 A layer that computes ``live`` rows of ``n_out`` outputs, each output the sum
 of ``degree`` inputs, cannot take less than the larger of two times: moving
 its bytes through HBM (features read once and written once as dense float32
 tiles, the weights' indices streamed once) and doing its fp32 FMAs. The
-bench prints, for the direct (off) mode, how far each of the first layers is
-from that floor: in the first ~10 layers tens of thousands of distinct rows
-are alive, and compression cannot help there. Pure functions, no GPU.
+ceilings are the card's: ``card_for`` picks it from the device name the
+CUDA backend reports, and a card that is not in ``CARDS`` gets no floor
+(never another card's). The bench prints, for the direct (off) mode, how far
+each of the first layers is from that floor: in the first ~10 layers tens of
+thousands of distinct rows are alive, and compression cannot help there; and
+the compressed mode's median time per converged layer (one tile or less
+computed), the per-layer target of the long tail. Pure functions, no GPU.
 """
 
 from __future__ import annotations
 
+import re
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-#: HBM copy bandwidth of one H200, bytes/s: the 4.3 TB/s that docs/performance.md
-#: ("The two numbers") quotes from the device notes (KINDS.md), not the 4.8 TB/s spec.
-H200_HBM_BYTES_PER_S = 4.3e12
-#: fp32 FMAs/s of one H200: 132 SMs x 128 FMA per clock x 1.98 GHz boost = 33.45e12
-#: (the "33.5e12" of the docs, rounded).
-H200_FMA_PER_S = 132 * 128 * 1.98e9
+
+@dataclass(frozen=True)
+class Card:
+    """One GPU's ceilings for the floor, and how its reported device name is matched."""
+
+    name: str
+    hbm_bytes_per_s: float  # measured device-to-device copy rate, reads + writes
+    fma_per_s: float  # SMs x fp32 FMA per clock x boost clock
+    pattern: str  # regular expression the whole device name must match (case ignored)
+
+    def matches(self, device: str) -> bool:
+        """Whether ``device`` (e.g. "NVIDIA H200") names this card."""
+        return re.fullmatch(self.pattern, device.strip(), re.IGNORECASE) is not None
+
+    def ceilings(self) -> dict:
+        """The card and its two ceilings, as the JSON reports them."""
+        return {"card": self.name, "hbm_bytes_per_s": self.hbm_bytes_per_s,
+                "fma_per_s": self.fma_per_s}
+
+
+#: One H200 (141 GB): HBM 4.3e12 B/s, a measured device-to-device copy (the spec
+#: says 4.8e12); 132 SMs x 128 fp32 FMA per clock x 1.98 GHz = 33.45e12 FMA/s.
+H200 = Card("NVIDIA H200", 4.3e12, 132 * 128 * 1.98e9, r"(NVIDIA )?H200")
+#: One H100 80GB HBM3 (SXM): HBM 3.0e12 B/s, a measured device-to-device copy on
+#: this project's H100 machines; 132 SMs x 128 FMA per clock x 1.98 GHz. The PCIe
+#: and NVL H100s have other SM counts and memories, so they do not match.
+H100_SXM = Card("NVIDIA H100 80GB HBM3", 3.0e12, 132 * 128 * 1.98e9,
+                r"(NVIDIA )?H100 80GB HBM3")
+#: Cards with a floor; any other device gets none.
+CARDS: tuple[Card, ...] = (H200, H100_SXM)
+
 #: Bytes per weight index (uint16 column indices of W^T in the CUDA layout).
 INDEX_BYTES = 2
 #: Bytes per feature value (dense float32 tiles).
 FEATURE_BYTES = 4
+#: Rows of one CUDA tile: a layer that computes at most this many has converged.
+CONVERGED_ROWS = 32
 
 
-def layer_floor(n_in: int, n_out: int, degree: float, live: int, *,
-                index_bytes: int = INDEX_BYTES, value_bytes: int = 0,
-                hbm_bytes_per_s: float = H200_HBM_BYTES_PER_S,
-                fma_per_s: float = H200_FMA_PER_S) -> dict:
-    """Floor of one layer: bytes, FMAs, both times, the larger one and what binds.
+def card_for(device: str | None) -> Card | None:
+    """The card of ``CARDS`` whose pattern matches ``device``; None for any other name."""
+    if not device:
+        return None
+    return next((card for card in CARDS if card.matches(device)), None)
+
+
+def layer_floor(n_in: int, n_out: int, degree: float, live: int, card: Card, *,
+                index_bytes: int = INDEX_BYTES, value_bytes: int = 0) -> dict:
+    """Floor of one layer on ``card``: bytes, FMAs, both times, the larger one, what binds.
 
     bytes = 4 * live * (n_in + n_out) + (index_bytes + value_bytes) * degree * n_out;
     FMAs = degree * n_out * live. ``value_bytes`` is 0 for uniform weights (the
@@ -38,54 +77,100 @@ def layer_floor(n_in: int, n_out: int, degree: float, live: int, *,
     weights = (index_bytes + value_bytes) * degree * n_out
     nbytes = FEATURE_BYTES * live * (n_in + n_out) + weights
     fmas = degree * n_out * live
-    hbm_s, fma_s = nbytes / hbm_bytes_per_s, fmas / fma_per_s
+    hbm_s, fma_s = nbytes / card.hbm_bytes_per_s, fmas / card.fma_per_s
     return {"bytes": float(nbytes), "fmas": float(fmas), "hbm_seconds": hbm_s,
             "fma_seconds": fma_s, "seconds": max(hbm_s, fma_s),
             "bound": "hbm" if hbm_s >= fma_s else "fma"}
 
 
-def network_floors(network, rows_in: Sequence[int]) -> list[dict]:
-    """``layer_floor`` of every layer of ``network`` for the rows entering it."""
+def network_floors(network, rows_in: Sequence[int], card: Card) -> list[dict]:
+    """``layer_floor`` of every layer of ``network`` on ``card`` for the rows entering it."""
     out = []
     for layer, live in zip(network.layers, rows_in):
         degree = layer.nnz / layer.n_out if layer.n_out else 0.0
-        out.append(layer_floor(layer.n_in, layer.n_out, degree, int(live),
+        out.append(layer_floor(layer.n_in, layer.n_out, degree, int(live), card,
                                value_bytes=0 if layer.values is None else 4))
     return out
 
 
-def _percent(floor_s: float, measured_s: float | None) -> float | None:
-    """floor / measured in per cent (100 = at the floor); None without a measurement."""
-    if measured_s is None or measured_s <= 0:
+def _percent(floor_s: float | None, measured_s: float | None) -> float | None:
+    """floor / measured in per cent (100 = at the floor); None without both."""
+    if floor_s is None or measured_s is None or measured_s <= 0:
         return None
     return 100.0 * floor_s / measured_s
 
 
 def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float] | None,
-                 k: int = 10) -> dict:
+                 k: int, card: Card | None) -> dict:
     """Rows for the first ``k`` layers and totals over them and over all layers.
 
     ``rows_in``: rows entering each layer (the engine's computed rows per
     layer; in the off mode every live row). ``layer_seconds``: measured
-    device seconds per layer (None: floors only). Each row: 1-based layer,
-    live rows in, measured and floor microseconds, the bound (hbm or fma)
-    and the floor as a per cent of the measured time.
+    device seconds per layer (None: floors only). ``card``: whose floor
+    (None: an unknown card, measured times only). Each row: 1-based layer,
+    rows in, measured and floor microseconds, the bound (hbm or fma) and the
+    floor as a per cent of the measured time.
     """
-    floors = network_floors(network, rows_in)
-    measured = list(layer_seconds) if layer_seconds is not None else [None] * len(floors)
+    n = len(rows_in)
+    floors = network_floors(network, rows_in, card) if card else [None] * n
+    measured = list(layer_seconds) if layer_seconds is not None else [None] * n
     rows = []
     for i, (fl, meas) in enumerate(zip(floors[:k], measured[:k])):
+        floor_s = fl["seconds"] if fl else None
         rows.append({"layer": i + 1, "rows_in": int(rows_in[i]),
                      "measured_us": None if meas is None else 1e6 * meas,
-                     "floor_us": 1e6 * fl["seconds"], "bound": fl["bound"],
-                     "percent_of_floor": _percent(fl["seconds"], meas)})
+                     "floor_us": None if fl is None else 1e6 * floor_s,
+                     "bound": fl["bound"] if fl else None,
+                     "percent_of_floor": _percent(floor_s, meas)})
 
-    def total(n: int) -> dict:
-        floor_s = sum(f["seconds"] for f in floors[:n])
-        meas_s = None if layer_seconds is None else float(sum(measured[:n]))
-        return {"layers": n, "measured_us": None if meas_s is None else 1e6 * meas_s,
-                "floor_us": 1e6 * floor_s, "percent_of_floor": _percent(floor_s, meas_s)}
+    def total(count: int) -> dict:
+        floor_s = sum(f["seconds"] for f in floors[:count]) if card else None
+        meas_s = None if layer_seconds is None else float(sum(measured[:count]))
+        return {"layers": count, "measured_us": None if meas_s is None else 1e6 * meas_s,
+                "floor_us": None if floor_s is None else 1e6 * floor_s,
+                "percent_of_floor": _percent(floor_s, meas_s)}
 
-    return {"k": min(k, len(floors)), "rows": rows, "first": total(min(k, len(floors))),
-            "all": total(len(floors)),
-            "ceilings": {"hbm_bytes_per_s": H200_HBM_BYTES_PER_S, "fma_per_s": H200_FMA_PER_S}}
+    return {"k": min(k, n), "rows": rows, "first": total(min(k, n)), "all": total(n),
+            "ceilings": card.ceilings() if card else None}
+
+
+def add_first_layers(row: dict, network, k: int, card: Card | None,
+                     device: str | None) -> None:
+    """The off mode's first ``k`` layers against ``card``'s floor, into ``row`` (if timed).
+
+    ``card`` is None when no card of ``CARDS`` matches ``device``, the name the
+    backend reported; that name is kept in the JSON beside the card, so it says
+    which GPU had no floor.
+    """
+    off = row["modes"].get("off")
+    if k <= 0 or off is None or off.get("layer_seconds") is None:
+        return
+    rows_in = off["computed_rows_per_layer"]
+    row["first_layers"] = {"mode": "off", "device": device,
+                           "card": card.name if card else None,
+                           **first_layers(network, rows_in, off["layer_seconds"], k, card)}
+    if card:
+        row["first_layers"]["floor_us_per_layer"] = [
+            1e6 * f["seconds"] for f in network_floors(network, rows_in, card)]
+
+
+def converged_layers(mode: dict) -> dict | None:
+    """Median per-layer time of the layers that computed at most one tile (32 rows).
+
+    ``mode``: one mode's results (``computed_rows_per_layer`` and
+    ``layer_seconds``); None when that mode has no per-layer times. These
+    are the long tail of a compressed run, where one tile is all that is left
+    to compute: their median is the per-layer time to beat there.
+    """
+    seconds = mode.get("layer_seconds")
+    if seconds is None:
+        return None
+    picked = [s for rows, s in zip(mode["computed_rows_per_layer"], seconds)
+              if rows <= CONVERGED_ROWS]
+    first = next((i + 1 for i, rows in enumerate(mode["computed_rows_per_layer"])
+                  if rows <= CONVERGED_ROWS), None)
+    return {"mode": mode.get("compress"), "rows_at_most": CONVERGED_ROWS,
+            "layers": len(picked), "first_layer": first,
+            "median_us": 1e6 * statistics.median(picked) if picked else None,
+            "min_us": 1e6 * min(picked) if picked else None,
+            "max_us": 1e6 * max(picked) if picked else None}

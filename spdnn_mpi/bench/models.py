@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from spdnn_mpi.model import SparseRows
+
 #: Model peers: name -> (module, function) returning (outputs, median s, all s).
 MODEL_PEERS = {
     "onnxruntime": ("spdnn_mpi.bench.peers.onnx_dense", "onnxruntime_infer"),
@@ -24,6 +26,7 @@ MODEL_PEERS = {
 
 
 def is_model_store(path: Path) -> bool:
+    """Whether the store at ``path`` holds an imported model (the argmax readout)."""
     from spdnn_mpi.formats.store.reader import Store
 
     with Store(path) as store:
@@ -32,26 +35,19 @@ def is_model_store(path: Path) -> bool:
 
 def shipped_model_stores(args) -> list[Path]:
     """Stores of the shipped models asked for with --model/--models, imported once."""
+    from spdnn_mpi.bench.challenge import default_data_dir
     from spdnn_mpi.generators import mnist_models as mm
 
     if args.models:
         entries = [e for e in mm.bundled_models() if e.get("file")]
     else:
         entries = [mm.find_model(s) for s in args.model]
-    directory = (args.data_dir or _default_dir()) / "models"
+    directory = (args.data_dir or default_data_dir()) / "models"
     return [mm.model_store(e, directory) for e in entries]
 
 
-def _default_dir() -> Path:
-    from spdnn_mpi.util.paths import cache_dir
-
-    return cache_dir() / "bench"
-
-
-def tile_rows(rows, n: int):
+def tile_rows(rows: SparseRows, n: int) -> SparseRows:
     """The first ``n`` rows of ``rows`` repeated as often as needed (for longer timing runs)."""
-    from spdnn_mpi.model import SparseRows
-
     if n <= rows.n_rows:
         return rows.slice(0, n)
     reps = -(-n // rows.n_rows)
@@ -110,6 +106,7 @@ def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
         "widths": [network.n_inputs] + [lay.n_out for lay in network.layers],
         "images": rows.n_rows, "backend": backend_name, "seconds": median,
         "seconds_all": times, "accuracy": _score(classes, labels),
+        "layer_seconds": None if res.layer_seconds is None else res.layer_seconds.tolist(),
         "backend_info": backend.describe(), "peers": {},
     }
     if reference is not None:
@@ -143,25 +140,39 @@ def bench_model(args, store_path: Path, backend, backend_name: str) -> dict:
     return row
 
 
+def _runs_ms(seconds: list[float] | None) -> str | None:
+    """``1.204-1.330``: fastest-slowest of timed runs, in ms (None without runs)."""
+    if not seconds:
+        return None
+    return f"{1e3 * min(seconds):.3f}-{1e3 * max(seconds):.3f}"
+
+
 def table(rows: list[dict], peers: list[str]) -> str:
+    """One line per model: our median and its range, accuracy, check, each peer's time."""
     from spdnn_mpi.report import format_table
 
-    headers = ["sparsity%", "weights", "images", "backend", "time_ms", "acc%", "check"]
+    headers = ["sparsity%", "weights", "images", "backend", "time_ms", "runs_ms", "acc%",
+               "check"]
     for peer in peers:
-        headers += [f"{peer}_ms", f"x{peer}"]
+        headers += [f"{peer}_ms", f"{peer}_runs_ms", f"x{peer}"]
     out = []
     for r in rows:
         check = r.get("check")
         line = [100 * r["sparsity"], r["edges"], r["images"], r["backend"],
-                1e3 * r["seconds"], None if r["accuracy"] is None else 100 * r["accuracy"],
+                1e3 * r["seconds"], _runs_ms(r.get("seconds_all")),
+                None if r["accuracy"] is None else 100 * r["accuracy"],
                 "-" if check is None else ("pass" if check["passed"] else "FAIL")]
         for peer in peers:
             pr = r["peers"].get(peer, {})
-            line += [1e3 * pr["seconds"] if "seconds" in pr else None, pr.get("speedup")]
+            line += [1e3 * pr["seconds"] if "seconds" in pr else None,
+                     _runs_ms(pr.get("seconds_all")), pr.get("speedup")]
             if pr and pr.get("agrees") is False:
                 line[-1] = "DISAGREE"
         out.append(line)
-    return format_table(headers, out)
+    legend = ("time_ms, <peer>_ms: median of --repeat timed runs; runs_ms, <peer>_runs_ms: "
+              "their fastest-slowest; x<peer>: the peer's median over ours; acc%: held-out "
+              "accuracy; check: our predictions against the store's reference.")
+    return format_table(headers, out) + "\n" + legend
 
 
 def failed(rows: list[dict]) -> bool:

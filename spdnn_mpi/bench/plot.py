@@ -1,10 +1,10 @@
-"""The parts of `spdnn bench` for configurations beyond the main table.
+"""``spdnn bench --plot FILE.png`` for configurations.
 
-The first-layers table (the direct mode's measured time per layer against
-the H200 floor of ``spdnn_mpi.bench.floors``) and ``--plot FILE.png``: TE/s per
-configuration, both modes, against the published anchors, and time and live
-rows per layer of one configuration (``--plot-config``). The options are
-checked before anything long runs, the PNG is written atomically.
+(a) TE/s per configuration, both modes, against the published GPU anchors
+(GPU runs); (b) time and live rows per layer of one configuration
+(``--plot-config``), with the off mode's floor on the card the run used
+(``spdnn_mpi.bench.floors``; none for an unknown card or a CPU run). The
+options are checked before anything long runs, the PNG is written atomically.
 """
 
 from __future__ import annotations
@@ -65,60 +65,6 @@ def check_options(args, store_cases: list[tuple[Path, int | None]],
     pyplot()  # matplotlib missing: say so now, not after the run
 
 
-def add_first_layers(row: dict, network, k: int) -> None:
-    """The off mode's first ``k`` layers against their floors, into ``row`` (if timed)."""
-    from spdnn_mpi.bench.floors import first_layers, network_floors
-
-    off = row["modes"].get("off")
-    if k <= 0 or off is None or off.get("layer_seconds") is None:
-        return
-    rows_in = off["computed_rows_per_layer"]
-    row["first_layers"] = {"mode": "off", **first_layers(network, rows_in,
-                                                         off["layer_seconds"], k)}
-    row["first_layers"]["floor_us_per_layer"] = [1e6 * f["seconds"] for f in
-                                                 network_floors(network, rows_in)]
-
-
-def _us(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
-
-
-def _pct(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if value >= 0.1 else f"{value:.2g}"
-
-
-def first_layers_text(results: list[dict]) -> str:
-    """One short table per configuration that has the first-layers rows; '' if none."""
-    from spdnn_mpi.report import format_table
-
-    parts = []
-    for r in results:
-        fl = r.get("first_layers")
-        if not fl:
-            continue
-        lines = [[x["layer"], x["rows_in"], _us(x["measured_us"]), _us(x["floor_us"]),
-                  x["bound"], _pct(x["percent_of_floor"])] for x in fl["rows"]]
-        for key in ("first", "all") if fl["all"]["layers"] > fl["k"] else ("first",):
-            t = fl[key]
-            lines.append([f"{key} {t['layers']}", "", _us(t["measured_us"]),
-                          _us(t["floor_us"]), "", _pct(t["percent_of_floor"])])
-        parts.append(f"first {fl['k']} layers of {r['neurons']}x{r['layers']}, off (direct), "
-                     f"backend {r['backend']}:\n"
-                     + format_table(["layer", "rows_in", "measured_us", "floor_us", "bound",
-                                     "%floor"], lines))
-    if not parts:
-        return ""
-    legend = ("floor: one H200, max(HBM bytes / 4.3e12 B/s, fp32 FMAs / 33.5e12/s); bytes = "
-              "4 B x rows_in x (n_in + n_out) + 2 B per weight index; FMAs = nonzeros x "
-              "rows_in. %floor = floor / measured (100 = at the floor). measured: per-layer "
-              "time of the last timed run (on the cpu backend the H200 floor is only a scale).")
-    return "\n\n".join(parts) + "\n" + legend
-
-
 def chosen_row(results: list[dict], config: tuple[int, int] | None) -> dict:
     """The result of ``config``; by default the largest N x L that ran (then the widest)."""
     if config is not None:
@@ -140,9 +86,9 @@ def _rates_panel(ax, results: list[dict]) -> None:
         ("spdnn auto / compressed, nominal", "s", "-",
          lambda r: r["modes"].get("auto", {}).get("teraedges_per_second")),
         ("2020 paper, one A100 (every live row)", "x", "--",
-         lambda r: r["anchors"]["paper_2020_a100"]),
+         lambda r: r.get("anchors", {}).get("paper_2020_a100")),
         ("SNICIT, one RTX A6000 (compressed, nominal)", "^", "--",
-         lambda r: r["anchors"]["snicit_a6000"]),
+         lambda r: r.get("anchors", {}).get("snicit_a6000")),
     ]
     for label, marker, style, get in series:
         pts = [(xi, get(by_config[c])) for xi, c in zip(x, configs)]
@@ -154,10 +100,11 @@ def _rates_panel(ax, results: list[dict]) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("TeraEdges/s (images x edges / time)")
     backend = results[0]["backend"] if results else ""
-    none = all(r["anchors"]["paper_2020_a100"] is None and r["anchors"]["snicit_a6000"] is None
-               for r in results)
-    ax.set_title(f"(a) TE/s per configuration N x L, spdnn backend {backend}"
-                 + ("\n(no published anchors for these configurations)" if none else ""))
+    gpu = any("anchors" in r for r in results)
+    none = not any(v for r in results for v in r.get("anchors", {}).values())
+    note = ("" if not none else "\n(no published anchors for these configurations)" if gpu
+            else "\n(published anchors are GPU figures: drawn for GPU runs only)")
+    ax.set_title(f"(a) TE/s per configuration N x L, spdnn backend {backend}" + note)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2)
 
 
@@ -172,10 +119,11 @@ def _layers_panel(ax, row: dict) -> None:
         for mode, v in timed.items():
             us = [1e6 * s for s in v["layer_seconds"]]
             ax.plot(range(1, len(us) + 1), us, label=f"time per layer, {labels[mode]}")
-        floor = row.get("first_layers", {}).get("floor_us_per_layer")
-        if floor and row["backend"] == "cuda":
+        first = row.get("first_layers", {})
+        floor = first.get("floor_us_per_layer")
+        if floor:  # only for a card of floors.CARDS, the one this run used
             ax.plot(range(1, len(floor) + 1), floor, linestyle=":",
-                    label="H200 floor, off (HBM / FMA model)")
+                    label=f"{first['card']} floor, off (HBM / FMA model)")
         ax.set_yscale("log")
         ax.set_ylabel("microseconds per layer")
         rows_ax = ax.twinx()

@@ -3,17 +3,25 @@
 Reads a ``neuron{N}`` folder layer by layer (never the whole network), plus
 optionally the ``sparse-images-{N}.tsv`` inputs and ``neuron{N}-l{L}-
 categories.tsv`` truth files, and writes one store atomically: on any error
-nothing is left under the output name. The conversion itself is
-``spdnn_mpi.formats.tsv.to_store.prepare_store``.
+nothing is left under the output name. With ``--tree DIR --out-dir OUT`` it
+converts every network found under DIR (``fetch_challenge.sh``'s layout),
+one store per N or, with ``--split``, per truth file. The conversion itself is
+``spdnn_mpi.formats.tsv.to_store`` (``prepare_store``, ``convert_tree``); the
+generated inputs of ``--generate-inputs`` are made here and handed to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spdnn_mpi.formats.tsv.to_store import DEFAULT_CLIP
+
+if TYPE_CHECKING:
+    from spdnn_mpi.model import SparseRows
 
 EXAMPLES = """\
 examples:
@@ -24,6 +32,8 @@ examples:
   # the official inputs and truth, for users who have those files
   spdnn prepare --weights neuron1024 --inputs sparse-images-1024.tsv \\
       --categories neuron1024-l120-categories.tsv --out neuron1024.h5
+  # every network of a downloaded tree (tools/fetch_challenge.sh 1024 4096)
+  spdnn prepare --tree data/graphchallenge --out-dir stores --split
 
 --categories files are truth for the official inputs only; with --generate-inputs
 use --truth-layers.
@@ -34,10 +44,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from spdnn_mpi.commands.options import add_images, add_quiet, add_truth
     from spdnn_mpi.model import CHALLENGE_BIAS
 
-    p.add_argument("--weights", required=True, type=Path, metavar="DIR",
-                   help="the neuron{N} folder holding n{N}-l{k}.tsv[.gz]")
-    p.add_argument("--neurons", type=int, default=None, metavar="N",
-                   help="neurons per layer; when not given, read from the folder or file names")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", type=Path, metavar="DIR",
+                        help="the neuron{N} folder holding n{N}-l{k}.tsv[.gz] (one network, "
+                             "into --out)")
+    source.add_argument("--tree", type=Path, metavar="DIR",
+                        help="an official tree (neuron{N}/ folders, sparse-images-{N}.tsv[.gz], "
+                             "neuron{N}-l{L}-categories.tsv, searched recursively): every "
+                             "network found, with its images and truth, into --out-dir")
+    p.add_argument("--neurons", type=int, nargs="+", action="extend", default=None,
+                   metavar="N",
+                   help="neurons per layer; when not given, read from the folder or file "
+                        "names (with --tree: only these N, several allowed; default: all)")
     p.add_argument("--layers", type=int, default=None, metavar="L",
                    help="number of layers; when not given, all consecutive layer files found")
     p.add_argument("--inputs", type=Path, default=None, metavar="FILE",
@@ -59,8 +77,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     clip.add_argument("--clip", type=float, default=DEFAULT_CLIP, help="upper clip (YMAX)")
     clip.add_argument("--no-clip", dest="clip", action="store_const", const=None,
                       help="no upper clip")
-    p.add_argument("--out", required=True, type=Path, metavar="STORE", help="store to write")
-    p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.add_argument("--out", type=Path, metavar="STORE", help="store to write (with --weights)")
+    p.add_argument("--out-dir", type=Path, metavar="DIR",
+                   help="with --tree: folder for the stores neuron{N}-l{L}.h5 (made if missing)")
+    p.add_argument("--split", action="store_true",
+                   help="with --tree: one store per truth file (its first L layers) instead of "
+                        "one per N with all layers found")
+    p.add_argument("--force", action="store_true", help="replace existing stores")
     add_quiet(p)
 
 
@@ -82,21 +105,69 @@ def parse_categories_arg(text: str) -> tuple[int, Path]:
     return int(named.group(2)), path
 
 
+#: Options that describe one network's files: refused with --tree, which finds
+#: each network's own (dest name, option, value when not given).
+_ONE_NETWORK = (("layers", "--layers", None), ("inputs", "--inputs", None),
+                ("generate_inputs", "--generate-inputs", False), ("categories", "--categories", []),
+                ("truth_layers", "--truth-layers", None), ("images", "--images", None),
+                ("bias", "--bias", None), ("clip", "--clip/--no-clip", DEFAULT_CLIP),
+                ("out", "--out", None))
+
+
+def _check_mode(args: argparse.Namespace) -> None:
+    """--weights needs --out, --tree needs --out-dir; options of the other mode are refused."""
+    from spdnn_mpi.errors import SpdnnError
+
+    if args.tree is None:
+        if args.out is None:
+            raise SpdnnError("--weights needs --out STORE (the store to write)")
+        for option, value in (("--out-dir", args.out_dir), ("--split", args.split)):
+            if value:
+                raise SpdnnError(f"{option} goes with --tree DIR, not --weights")
+        if args.neurons and len(args.neurons) > 1:
+            raise SpdnnError(f"--neurons {' '.join(map(str, args.neurons))}: one N with "
+                             "--weights (several only with --tree)")
+        return
+    if args.out_dir is None:
+        raise SpdnnError(f"--tree {args.tree} needs --out-dir DIR (the folder for the stores)")
+    given = [option for dest, option, unset in _ONE_NETWORK if getattr(args, dest) != unset]
+    if given:
+        raise SpdnnError(f"{', '.join(given)}: for one network (--weights DIR); --tree takes "
+                         "each network's layers, images and truth files as found, with the "
+                         "challenge's bias and clip")
+
+
+def _generated_inputs(n_images: int | None) -> Callable[[int], SparseRows]:
+    """The --generate-inputs maker handed to prepare_store: MNIST-derived rows for N."""
+    def make(neurons: int) -> SparseRows:
+        from spdnn_mpi.generators.digits import digit_images
+
+        return digit_images(neurons, 60000 if n_images is None else n_images)
+
+    return make
+
+
 def run(args: argparse.Namespace) -> int:
+    """Convert one network (--weights) or a whole tree (--tree); exit status 0."""
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats.tsv.to_store import convert_tree, prepare_store
+
+    _check_mode(args)
+    if args.tree is not None:
+        for path in convert_tree(args.tree, args.out_dir, neurons=args.neurons,
+                                 split=args.split, force=args.force, progress=not args.quiet):
+            print(path)
+        return 0
     categories: dict[int, Path] = {}
     for text in args.categories:
         n_l, path = parse_categories_arg(text)
         if n_l in categories:
-            from spdnn_mpi.errors import SpdnnError
-
             raise SpdnnError(f"two truth files for {n_l} layers: {categories[n_l]} and {path}")
         categories[n_l] = path
-    from spdnn_mpi.formats.tsv.to_store import prepare_store
-
     prepare_store(
         args.weights,
         args.out,
-        neurons=args.neurons,
+        neurons=args.neurons[0] if args.neurons else None,
         n_layers=args.layers,
         inputs=args.inputs,
         n_images=args.images,
@@ -105,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         clip=args.clip,
         force=args.force,
         progress=not args.quiet,
-        generate_inputs=args.generate_inputs,
+        make_inputs=_generated_inputs(args.images) if args.generate_inputs else None,
+        made_inputs_source="generated from MNIST digits (spdnn_mpi.generators.digits)",
         truth_layers=args.truth_layers,
         truth_backend=args.truth_backend,
     )

@@ -17,7 +17,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.truth import TruthFn, check_truth_memory, resolve_truth_backend, truth_by_count
+from spdnn_mpi.truth import (
+    TruthFn,
+    check_truth_memory,
+    kept_layer_bytes,
+    resolve_truth_backend,
+    truth_by_count,
+)
 from spdnn_mpi.util.progress import Emit, Progress, stderr_lines
 
 
@@ -34,13 +40,6 @@ def _reporting(layers: Iterable, total: int, emit: Emit | None, keep: list,
             keep.append(layer)
         dt = max(time.perf_counter() - t0, 1e-9)
         progress(k, f"written, {edges / dt / 1e6:.0f} M edges/s")
-
-
-def kept_layer_bytes(neurons: int, degree: int = 32) -> int:
-    """Host bytes of one generated layer held for the truth (int64 indptr, uint16
-    indices at N <= 65536, int32 above; no values: RadiX-Net weights are uniform)."""
-    index_bytes = 2 if neurons <= 65536 else 4
-    return 8 * (neurons + 1) + index_bytes * degree * neurons
 
 
 def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list[int]:

@@ -159,7 +159,7 @@ def define_name(field: str) -> str:
 
 
 def parse_defines(items: Sequence[str]) -> dict[str, int]:
-    """``["NAME=INT", ...]`` (the tools' --define, the harness's VARIANT:NAME=INT,...)
+    """``["NAME=INT", ...]`` (the profiler's --define)
     as a dict; ValueError naming the item that is not NAME=INT (whether the names
     exist is ``KernelConfig.from_defines``' business)."""
     defines = {}

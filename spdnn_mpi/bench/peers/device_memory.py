@@ -1,8 +1,7 @@
 """GPU peers and device memory: a peer that does not fit is a skip, not a crash.
 
 A peer runs beside our backend: ``spdnn bench`` gives our batch buffers back
-first (``release_buffers``), but the layouts stay, and the timing harness
-keeps everything. So on a card with less memory than the one a
+first (``release_buffers``), but the layouts stay. So on a card with less memory than the one a
 configuration was sized on (an H100 of 80 GB against an H200 of 141 GB at
 N = 65536) a peer can run out of memory where ours did not. The benchmark
 then reports the peer as skipped, with the library's own message, and goes on

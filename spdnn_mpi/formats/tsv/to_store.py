@@ -3,8 +3,10 @@
 Reads a ``neuron{N}`` folder layer by layer (never the whole network), plus
 optionally the ``sparse-images-{N}.tsv`` inputs and ``neuron{N}-l{L}-
 categories.tsv`` truth files, and writes one store atomically: on any error
-nothing is left under the output name. ``spdnn prepare`` and
-``tools/convert_tree.py`` are the command-line faces of this module.
+nothing is left under the output name. ``spdnn prepare`` (``--weights``
+for one network, ``--tree`` for ``convert_tree``) is the command-line face of
+this module. Inputs made rather than read (``--generate-inputs``) come in as a
+function from the command: formats never import the generators.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spdnn_mpi.model import SparseRows
 
 DEFAULT_CLIP = 32.0
 
@@ -38,11 +44,16 @@ def prepare_store(
     clip: float | None = DEFAULT_CLIP,
     force: bool = False,
     progress: bool = True,
-    generate_inputs: bool = False,
+    make_inputs: Callable[[int], SparseRows] | None = None,
+    made_inputs_source: str = "generated",
     truth_layers: list[int] | None = None,
     truth_backend: str = "reference",
 ) -> Path:
     """Convert an official tree (one N) into a store at ``out``; returns its path.
+
+    ``make_inputs(N)`` makes the input rows where there is no images file
+    (``--generate-inputs``); ``made_inputs_source`` says in the store's
+    provenance what made them.
 
     Everything cheap is checked before the long part starts (every layer file
     exists, truth files parse); layers are then read and written one at a
@@ -87,6 +98,7 @@ def prepare_store(
                 f"use --layers {n_l} (or more) or leave that file out"
             )
 
+    generate_inputs = make_inputs is not None
     if generate_inputs and inputs is not None:
         raise SpdnnError("give either --inputs FILE or --generate-inputs, not both")
     if generate_inputs and categories:
@@ -126,13 +138,10 @@ def prepare_store(
         )
 
     if generate_inputs:
-        from spdnn_mpi.generators.digits import digit_images
-
-        rows = digit_images(neurons, 60000 if n_images is None else n_images)
+        rows = make_inputs(neurons)
         _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
     if truth_layers:  # before the layers are read, not after
-        from spdnn_mpi.generators.challenge import kept_layer_bytes
-        from spdnn_mpi.truth import check_truth_memory, resolve_truth_backend
+        from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
 
         name, fn = resolve_truth_backend(truth_backend)
         check_truth_memory(name, fn, rows.n_rows, neurons,
@@ -146,8 +155,7 @@ def prepare_store(
             "weights_dir": str(weights.resolve()),
             "layer_files": f"{layer_files[0].name} .. {layer_files[-1].name}",
             "inputs": str(Path(inputs).resolve()) if inputs is not None else (
-                "generated from MNIST digits (spdnn_mpi.generators.digits)"
-                if generate_inputs else None
+                made_inputs_source if generate_inputs else None
             ),
             "categories": {str(k): str(Path(v).resolve()) for k, v in sorted(categories.items())},
         },
@@ -226,40 +234,42 @@ def convert_tree(
     One store per N, ``neuron{N}-l{L}.h5`` with all L layers found and every
     truth file that fits; with ``split``, one store per truth file instead
     (``neuron{N}-l{L}.h5`` holding the first L layers), as the 120- and
-    480-layer networks are the first layers of the 1920-layer one.
+    480-layer networks are the first layers of the 1920-layer one. Every
+    output is checked before the first network is read, so a store that is
+    in the way stops the run at once, not after hours of conversion.
+    Errors name the command's options (``--tree``, ``--out-dir``, ``--neurons``).
     """
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.tsv import tree as tsv_tree
+    from spdnn_mpi.util.outputs import check_output
 
+    if not Path(root).is_dir():
+        raise SpdnnError(f"--tree {root}: no such folder")
     nets = tsv_tree.scan_tree(root)
     if neurons:
         nets = [n for n in nets if n.neurons in neurons]
     if not nets:
-        wanted = f" for N in {neurons}" if neurons else ""
-        raise SpdnnError(f"{root}: no neuron{{N}} folder with layer files{wanted}")
-    out_dir = Path(out_dir)
-    written = []
+        wanted = f" for --neurons {' '.join(map(str, neurons))}" if neurons else ""
+        raise SpdnnError(f"--tree {root}: no neuron{{N}} folder with layer files{wanted}")
+    out_dir = check_output(out_dir, "--out-dir", directory=True)
+    jobs = []
     for net in nets:
         fits = {n_l: p for n_l, p in net.categories.items() if n_l <= net.n_layers}
         for n_l, p in net.categories.items():
             if n_l > net.n_layers:
                 _log(progress, f"skipping {p}: {n_l} layers wanted, {net.n_layers} found")
-        if split and fits:
-            jobs = [(n_l, {n_l: p}) for n_l, p in fits.items()]
-        else:
-            jobs = [(net.n_layers, fits)]
-        for n_l, truth in jobs:
+        for n_l, truth in ([(n_l, {n_l: p}) for n_l, p in fits.items()] if split and fits
+                           else [(net.n_layers, fits)]):
             out = out_dir / f"neuron{net.neurons}-l{n_l}.h5"
-            written.append(
-                prepare_store(
-                    net.weights_dir,
-                    out,
-                    neurons=net.neurons,
-                    n_layers=n_l,
-                    inputs=net.images,
-                    categories=truth,
-                    force=force,
-                    progress=progress,
-                )
-            )
+            check_output(out, "--out-dir", force=force,
+                         inputs={"the images file": net.images,
+                                 **{f"the truth file {p.name}": p for p in truth.values()}})
+            jobs.append((net, n_l, truth, out))
+    written = []
+    for i, (net, n_l, truth, out) in enumerate(jobs, start=1):
+        _log(progress, f"store {i}/{len(jobs)}: N={net.neurons}, {n_l} layers, "
+                       f"{len(truth)} truth file(s) -> {out}")
+        written.append(prepare_store(net.weights_dir, out, neurons=net.neurons, n_layers=n_l,
+                                     inputs=net.images, categories=truth, force=force,
+                                     progress=progress))
     return written
