@@ -352,3 +352,31 @@ def test_existing_store_needs_force(tmp_path, capsys):
                  "--force", "--quiet"]) == 0
     with Store(tmp_path / "s.h5") as st:
         assert st.readout == "argmax" and not st.has_inputs
+
+
+def test_onnx_cycle_refused_without_hanging(tmp_path):
+    """A Relu writing the graph's input made the chain walk loop forever, memory growing."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(21)
+    model = onnx_mlp(random_mlp(rng, [8, 8, 3]), "gemm")
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    relu.output[0] = "x"  # z0 -> Relu -> x -> Gemm -> z0: a cycle
+    onnx.save(model, tmp_path / "m.onnx")
+    out = tmp_path / "m.h5"
+    run = subprocess.run([sys.executable, "-m", "spdnn_mpi.cli", "import",
+                          str(tmp_path / "m.onnx"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "node 'relu0' (Relu): writes the graph's input 'x'" in run.stderr
+    assert "Traceback" not in run.stderr and not out.exists()
+
+
+def test_onnx_tensor_written_twice_refused(tmp_path, capsys):
+    rng = np.random.default_rng(22)
+    model = onnx_mlp(random_mlp(rng, [8, 8, 3]), "gemm")
+    model.graph.node.append(helper.make_node("Identity", ["B1"], ["r0"], name="again"))
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx",
+             "node 'again' (Identity): writes 'r0', which node 'relu0' (Relu) writes too")

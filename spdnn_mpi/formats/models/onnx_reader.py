@@ -96,6 +96,30 @@ class _Graph:
                                                "an MLP has one")
         self.input = inputs[0]
         self.outputs = {o.name for o in graph.output}
+        self._check_single_writers({t.name for t in graph.initializer})
+
+    def _check_single_writers(self, stored: set[str]) -> None:
+        """Refuse a tensor written twice, or the graph's input or a stored weight written.
+
+        Each tensor having one writer, and the input none, is what makes the
+        walk from the input along consumers end: without it a node writing
+        the input closes a cycle and the walk never stops.
+        """
+        writer: dict[str, object] = {}
+        for node in self.nodes:
+            for name in node.output:
+                if not name:
+                    continue
+                if name == self.input.name:
+                    raise ModelFormatError(self.path, _node_name(node), "writes the graph's "
+                                           f"input '{name}': a cycle, an MLP is one chain")
+                if name in stored:
+                    raise ModelFormatError(self.path, _node_name(node), "writes the stored "
+                                           f"tensor '{name}': an MLP is one chain")
+                if name in writer:
+                    raise ModelFormatError(self.path, _node_name(node), f"writes '{name}', "
+                                           f"which {_node_name(writer[name])} writes too")
+                writer[name] = node
 
     def weight(self, node, index: int, what: str) -> np.ndarray:
         name = node.input[index] if index < len(node.input) else ""
@@ -211,6 +235,8 @@ def read_onnx(path: str | os.PathLike) -> tuple[list[DenseLayer], dict]:
         nodes = g.consumers.get(cur, [])
         if not nodes:
             break
+        if any(id(n) in seen for n in nodes):  # unreachable with one writer per tensor
+            raise ModelFormatError(path, _node_name(nodes[0]), "is reached twice: a cycle")
         if len(nodes) > 1 and not (layers and all(n.op_type in HEAD_OPS + LABEL_OPS
                                                   for n in nodes)):
             names = ", ".join(_node_name(n) for n in nodes)
