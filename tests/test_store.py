@@ -209,3 +209,18 @@ def test_store_api_raises_store_error(store):
         s.layer(0)
         with pytest.raises(StoreError, match="l00003/indices"):
             s.network()
+
+
+@pytest.mark.parametrize("command", [["info"], ["infer", "--quiet", "--backend", "cpu"],
+                                     ["bench", "--quiet", "--backend", "cpu"]])
+def test_fifo_store_is_refused_not_waited_on(tmp_path, command):
+    """Opening a FIFO blocks until a writer comes: the store must be a regular file."""
+    import os
+
+    fifo = tmp_path / "s.h5"
+    os.mkfifo(fifo)
+    run = subprocess.run([sys.executable, "-m", "spdnn_mpi.cli", command[0], str(fifo),
+                          *command[1:]], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert f"{fifo}: not a regular file (a FIFO), not a store" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -10,6 +10,7 @@ file is created and removed in its directory).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,16 @@ from pathlib import Path
 from spdnn_mpi.errors import SpdnnError
 
 PathLike = str | os.PathLike
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, from its ``st_mode``: "a FIFO", ..."""
+    for test, words in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return words
+    return "not a regular file"
 
 
 def same_path(a: PathLike, b: PathLike) -> bool:
