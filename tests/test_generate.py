@@ -129,3 +129,37 @@ def test_tsv_layout(tmp_path):
     cats = tsv.read_categories(out / "neuron1024-l8-categories.tsv")
     net = Network([radixnet_layer(1024, k, seed=5) for k in range(1, 9)])
     np.testing.assert_array_equal(cats, reference_categories(net, digit_images(1024, 600)))
+
+
+@pytest.mark.parametrize("tsv", [False, True])
+def test_absurd_depth_is_refused_before_writing(tmp_path, capsys, tsv):
+    """10^10 layers of N = 64 need about 61 TB: refused at once, naming the numbers."""
+    out = tmp_path / ("tree" if tsv else "huge.h5")
+    argv = ["generate", "--neurons", "64", "--layers", "10000000000", "--images", "50",
+            "--truth-backend", "none", "--out", str(out), "--quiet"] + (["--tsv"] if tsv else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"needs about [\d.]+ [TP]B of disk, [\d.]+ [MGT]B free in ", err), err
+    assert len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_larger_than_the_free_space_is_refused(tmp_path, capsys, monkeypatch):
+    import collections
+    import shutil
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 5000, 5000))
+    out = tmp_path / "net.h5"
+    assert main(_args(out, "--quiet", "--truth-backend", "none")) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: needs about" in err and "0 MB free in" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_config_too_deep_is_refused(tmp_path, capsys):
+    assert main(["bench", "--config", "64x99999999999999999999", "--images", "50",
+                 "--data-dir", str(tmp_path), "--backend", "cpu", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "needs about" in err and "of disk" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

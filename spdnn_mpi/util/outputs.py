@@ -10,6 +10,7 @@ file is created and removed in its directory).
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
@@ -100,3 +101,31 @@ def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:
         for name_b, b in given[i + 1 :]:
             if same_path(a, b):
                 raise SpdnnError(f"{name_a} and {name_b} are the same file {a}")
+
+
+def _existing_folder(path: Path) -> Path:
+    """``path`` if it is a folder, else the nearest existing folder above it."""
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def check_space(path: PathLike, need: int, option: str = "--out") -> None:
+    """Refuse an output of about ``need`` bytes when its file system has less free.
+
+    Made before the long part starts: a run that fills the disk hours in has
+    wasted the hours (and, for other users, the disk).
+    """
+    from spdnn_mpi.util.memory import format_bytes
+
+    path = Path(path)
+    folder = _existing_folder(path)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return  # unknown: the write itself reports a full disk
+    if need > free:
+        raise SpdnnError(f"{option} {path}: needs about {format_bytes(need)} of disk, "
+                         f"{format_bytes(free)} free in {folder}")
+
