@@ -380,3 +380,34 @@ def test_onnx_tensor_written_twice_refused(tmp_path, capsys):
     onnx.save(model, tmp_path / "m.onnx")
     _refused(tmp_path, capsys, tmp_path / "m.onnx",
              "node 'again' (Identity): writes 'r0', which node 'relu0' (Relu) writes too")
+
+
+@pytest.mark.parametrize("which", ["model", "inputs", "labels"])
+def test_import_never_writes_over_its_inputs(tmp_path, capsys, which):
+    rng = np.random.default_rng(23)
+    save_safetensors(tmp_path / "m.safetensors", random_mlp(rng, [8, 6, 3]))
+    np.save(tmp_path / "x.npy", rng.random((5, 8)).astype(np.float32))
+    np.save(tmp_path / "y.npy", np.array([0, 1, 2, 1, 0]))
+    target = {"model": "m.safetensors", "inputs": "x.npy", "labels": "y.npy"}[which]
+    before = (tmp_path / target).read_bytes()
+    assert main(["import", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / target),
+                 "--inputs", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--force", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / target} is the " in err and "refusing to write over an input" in err
+    assert (tmp_path / target).read_bytes() == before
+
+
+def test_import_checks_its_output_before_reading_the_model(tmp_path, capsys, monkeypatch):
+    from spdnn_mpi.formats.models import importer
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was read before --out was checked")
+
+    monkeypatch.setattr(importer, "read_model", never)
+    rng = np.random.default_rng(24)
+    save_safetensors(tmp_path / "m.safetensors", random_mlp(rng, [8, 6, 3]))
+    (tmp_path / "a-file").write_text("not a folder\n")
+    assert main(["import", str(tmp_path / "m.safetensors"), "--out",
+                 str(tmp_path / "a-file" / "s.h5")]) == 2
+    assert "is not a directory" in capsys.readouterr().err

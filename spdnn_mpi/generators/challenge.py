@@ -105,13 +105,13 @@ def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list
 def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bool,
                mnist_dir: str | os.PathLike | None) -> None:
     """Refuse an output that exists (unless ``force``), cannot be written, or is an input."""
-    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.outputs import check_output, check_outputs
 
     inputs = {}
     if mnist_dir is not None and Path(mnist_dir).is_dir():
         inputs = {f"an input in --mnist-dir {mnist_dir}": p for p in Path(mnist_dir).iterdir()}
     if not tsv:
-        check_output(path, "--out", inputs=inputs, force=force)
+        check_outputs({"--out": path}, inputs, force=force)
         return
     check_output(path, "--out", inputs=inputs, directory=True)
     names = [f"neuron{neurons}", f"sparse-images-{neurons}.tsv"]

@@ -94,6 +94,24 @@ def _check_writable(path: Path, option: str) -> None:
     os.unlink(probe)
 
 
+def check_outputs(
+    outputs: Mapping[str, PathLike | None],
+    inputs: Mapping[str, PathLike | None] | None = None,
+    *,
+    force: bool = True,
+) -> None:
+    """The one check of a command's outputs, made before it reads anything long.
+
+    ``outputs`` maps each option to its path (None: not given): no two the
+    same file, none one of ``inputs`` (never, even with ``force``), each
+    writable; see :func:`check_output`.
+    """
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path is not None:
+            check_output(path, option, inputs=inputs, force=force)
+
+
 def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:
     """Refuse two options naming the same output file (one would overwrite the other)."""
     given = [(k, v) for k, v in outputs.items() if v is not None]

@@ -20,6 +20,7 @@ import numpy as np
 from spdnn_mpi.errors import InputFormatError, SpdnnError
 from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity
 from spdnn_mpi.model import Network, SparseRows
+from spdnn_mpi.util.outputs import check_outputs
 
 FORMATS = ("onnx", "safetensors")
 
@@ -134,10 +135,9 @@ def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
     from spdnn_mpi.reference import reference_predictions
 
     model, out = Path(model), Path(out)
-    if out.exists() and not force:
-        raise SpdnnError(f"{out} exists; pass --force to replace it")
-    if out.is_dir():
-        raise SpdnnError(f"{out} is a directory")
+    sources = {"the model": model, "the --inputs file": inputs, "the --labels file": labels}
+    check_outputs({"--out": out}, {what: path for what, path in sources.items()
+                                   if not isinstance(path, np.ndarray)}, force=force)
     if labels is not None and inputs is None:
         raise SpdnnError("--labels needs --inputs (one label per input image)")
     dense, info = read_model(model, layer_order, activations)

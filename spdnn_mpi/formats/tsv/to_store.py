@@ -55,13 +55,13 @@ def prepare_store(
     from spdnn_mpi.formats.tsv import read as tsv
     from spdnn_mpi.formats.tsv import tree as tsv_tree
     from spdnn_mpi.model import challenge_bias
-    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.outputs import check_outputs
     from spdnn_mpi.util.progress import Progress, stderr_lines
 
     weights = Path(weights)
     out = Path(out)
     _check_numbers(bias, clip, n_images)
-    check_output(out, "--out", force=force)
+    check_outputs({"--out": out}, force=force)
     if not weights.is_dir():
         raise SpdnnError(f"{weights}: no such weights folder")
     if neurons is None:
@@ -79,7 +79,7 @@ def prepare_store(
     sources = {f"the layer file {p.name}": p for p in layer_files}
     sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
     sources["the --inputs file"] = inputs
-    check_output(out, "--out", inputs=sources, force=force)
+    check_outputs({"--out": out}, sources, force=force)
     for n_l in categories:
         if not 1 <= n_l <= n_layers:
             raise SpdnnError(
