@@ -232,3 +232,61 @@ def test_prepare_never_writes_over_an_input(tmp_path, capsys):
                      "--quiet", *extra]) == 2
         assert "refusing to write over an input" in capsys.readouterr().err
         assert victim.read_bytes() == before
+
+
+def _device(path, minor=3):
+    """A character device with /dev/null's numbers (``minor`` 3: writes succeed and vanish)
+    or /dev/full's (7: writes fail with ENOSPC). Made in a tmp folder, so the real ones
+    are never at risk; needs root."""
+    import stat
+
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    return path
+
+
+def test_device_outputs_are_written_not_replaced(tmp_path, capsys):
+    import stat
+
+    store = make_store(tmp_path / "s.h5")
+    node, other = _device(tmp_path / "null"), _device(tmp_path / "null2")
+    assert main(["infer", str(store), "--quiet", "--backend", "cpu", "--out", str(node),
+                 "--json", str(other)]) == 0
+    assert stat.S_ISCHR(os.stat(node).st_mode) and stat.S_ISCHR(os.stat(other).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "null2", "s.h5"]
+
+
+def test_write_to_a_full_device_is_one_line(tmp_path, capsys):
+    store = make_store(tmp_path / "s.h5")
+    full = _device(tmp_path / "full", minor=7)
+    assert main(["infer", str(store), "--quiet", "--backend", "cpu", "--json", str(full)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"spdnn infer: error: cannot write {full}: No space left on device\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "s.h5"]
+
+
+def test_fifo_output_is_written_through(tmp_path):
+    import threading
+
+    fifo = tmp_path / "cats.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_text_atomic(fifo, "1\n2\n")
+    reader.join(timeout=30)
+    assert got == ["1\n2\n"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cats.fifo"]
+
+
+def test_stores_are_never_written_to_devices(tmp_path, capsys):
+    node = _device(tmp_path / "null")
+    argv = ["generate", "--neurons", "64", "--layers", "2", "--images", "20", "--quiet",
+            "--out", str(node), "--force"]
+    assert main(argv) == 2
+    assert f"--out {node} is a character device, not a regular file" in capsys.readouterr().err
+    with pytest.raises(SpdnnError, match="a character device, not a regular file"):
+        write_random_store(node)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]

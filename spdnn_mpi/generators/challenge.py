@@ -111,7 +111,7 @@ def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bo
     if mnist_dir is not None and Path(mnist_dir).is_dir():
         inputs = {f"an input in --mnist-dir {mnist_dir}": p for p in Path(mnist_dir).iterdir()}
     if not tsv:
-        check_outputs({"--out": path}, inputs, force=force)
+        check_outputs({"--out": path}, inputs, force=force, regular=True)
         return
     check_output(path, "--out", inputs=inputs, directory=True)
     names = [f"neuron{neurons}", f"sparse-images-{neurons}.tsv"]

@@ -5,6 +5,11 @@ killed while writing (kill -9, a node crash) cannot remove its own, so each
 new write of ``NAME`` first removes the temporaries of ``NAME`` left by dead
 processes of this host. A failed write (disk full, no permission, a
 read-only file system) is a one-line :class:`SpdnnError` naming the output.
+
+An output that is a character device or a FIFO (``--out /dev/null``, a
+named pipe) is written directly, as a shell redirection would: renaming a
+file over it would replace the device (as root, the system's /dev/null).
+Anything else that is not a regular file is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,15 +89,58 @@ def _about_output(exc: OSError, paths: tuple[Path, ...]) -> bool:
     return any(name == p or p in name.parents for p in paths)
 
 
+def stream_target(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a character device or a FIFO: written directly, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _check_target(final: Path, directory: bool, stream: bool) -> None:
+    """Refuse an existing ``final`` of a kind this write cannot replace or write through."""
+    from spdnn_mpi.util.outputs import file_kind
+
+    try:
+        mode = os.stat(final).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or (stream and not directory
+                                                     and stream_target(final)):
+        return
+    raise SpdnnError(f"cannot write {final}: it is {file_kind(mode)}, not a regular file")
+
+
 @contextlib.contextmanager
-def atomic_path(final: str | os.PathLike, *, directory: bool = False) -> Iterator[Path]:
+def _written_through(final: Path) -> Iterator[Path]:
+    """Yield ``final`` itself (a device or FIFO); a failed write is a one-line error."""
+    try:
+        yield final
+    except OSError as exc:
+        if _about_output(exc, (final,)):
+            raise write_error(final, exc) from None
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike, *, directory: bool = False,
+                stream: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling of ``final``; rename it onto ``final`` only on success.
 
     The temporary lives in the same directory so the rename is atomic on POSIX
     file systems. On any exception (also KeyboardInterrupt) it is removed; an
     OSError of the write becomes a one-line SpdnnError naming ``final``.
+    With ``stream`` (files only), a ``final`` that is a character device or a
+    FIFO is yielded itself and written directly; without it (an HDF5 store,
+    which seeks and reads back) such a ``final`` is refused.
     """
     final = Path(final)
+    _check_target(final, directory, stream)
+    if stream and not directory and stream_target(final):
+        with _written_through(final) as target:
+            yield target
+        return
     prefix = f".{final.name}.tmp-{_host()}-{os.getpid()}-"
     try:
         final.parent.mkdir(parents=True, exist_ok=True)

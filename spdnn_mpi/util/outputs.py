@@ -49,17 +49,23 @@ def check_output(
     inputs: Mapping[str, PathLike | None] | None = None,
     force: bool = True,
     directory: bool = False,
+    regular: bool = False,
 ) -> Path:
     """Refuse ``path`` (given as ``option``) unless it may be written; returns it as a Path.
 
     ``inputs`` maps a description ("the store") to each input path of the
     command; ``force`` False refuses an existing ``path``; ``directory`` says
     the output is a directory (an existing one is fine when ``force``).
+    An existing character device or FIFO is written directly (see
+    ``util.atomic``), unless ``regular`` says the output must be a regular
+    file (a store: HDF5 seeks and reads back); other kinds are refused.
     """
     path = Path(path)
     for what, source in (inputs or {}).items():
         if source is not None and same_path(path, source):
             raise SpdnnError(f"{option} {path} is {what}: refusing to write over an input")
+    if _check_special(path, option, regular or directory):
+        return path
     if path.exists() or path.is_symlink():
         if path.is_dir() and not directory:
             raise SpdnnError(f"{option} {path} is a directory")
@@ -69,6 +75,22 @@ def check_output(
             raise SpdnnError(f"{option} {path} exists; pass --force to replace it")
     _check_writable(path, option)
     return path
+
+
+def _check_special(path: Path, option: str, regular: bool) -> bool:
+    """True for an output written directly (a device or FIFO that may be opened for
+    writing); refuses other kinds that are not regular files or folders."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return False
+    if regular or not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        raise SpdnnError(f"{option} {path} is {file_kind(mode)}, not a regular file")
+    if not os.access(path, os.W_OK):
+        raise SpdnnError(f"{option} {path}: no permission to write")
+    return True
 
 
 def _check_writable(path: Path, option: str) -> None:
@@ -99,17 +121,18 @@ def check_outputs(
     inputs: Mapping[str, PathLike | None] | None = None,
     *,
     force: bool = True,
+    regular: bool = False,
 ) -> None:
     """The one check of a command's outputs, made before it reads anything long.
 
     ``outputs`` maps each option to its path (None: not given): no two the
     same file, none one of ``inputs`` (never, even with ``force``), each
-    writable; see :func:`check_output`.
+    writable; ``regular`` for stores; see :func:`check_output`.
     """
     check_distinct(outputs)
     for option, path in outputs.items():
         if path is not None:
-            check_output(path, option, inputs=inputs, force=force)
+            check_output(path, option, inputs=inputs, force=force, regular=regular)
 
 
 def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:

@@ -137,7 +137,8 @@ def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
     model, out = Path(model), Path(out)
     sources = {"the model": model, "the --inputs file": inputs, "the --labels file": labels}
     check_outputs({"--out": out}, {what: path for what, path in sources.items()
-                                   if not isinstance(path, np.ndarray)}, force=force)
+                                   if not isinstance(path, np.ndarray)}, force=force,
+                  regular=True)
     if labels is not None and inputs is None:
         raise SpdnnError("--labels needs --inputs (one label per input image)")
     dense, info = read_model(model, layer_order, activations)

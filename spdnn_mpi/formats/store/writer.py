@@ -110,7 +110,7 @@ class StoreWriter:
         if readout not in READOUTS:
             raise StoreError(f"readout {readout!r}; choose from {', '.join(READOUTS)}")
         self.path = Path(path)
-        self._ctx = atomic_path(self.path)
+        self._ctx = atomic_path(self.path, stream=False)  # HDF5 seeks and reads back
         self._tmp = self._ctx.__enter__()
         try:
             self._raw = _GuardedFile(self._tmp)

@@ -61,7 +61,7 @@ def prepare_store(
     weights = Path(weights)
     out = Path(out)
     _check_numbers(bias, clip, n_images)
-    check_outputs({"--out": out}, force=force)
+    check_outputs({"--out": out}, force=force, regular=True)
     if not weights.is_dir():
         raise SpdnnError(f"{weights}: no such weights folder")
     if neurons is None:
@@ -79,7 +79,7 @@ def prepare_store(
     sources = {f"the layer file {p.name}": p for p in layer_files}
     sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
     sources["the --inputs file"] = inputs
-    check_outputs({"--out": out}, sources, force=force)
+    check_outputs({"--out": out}, sources, force=force, regular=True)
     for n_l in categories:
         if not 1 <= n_l <= n_layers:
             raise SpdnnError(
