@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from spdnn_mpi import __version__
 from spdnn_mpi.errors import SpdnnError
@@ -62,17 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so the same cleanup runs (temporaries removed)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return int(args._run(args) or 0)
     except SpdnnError as exc:
         if getattr(exc, "print_here", True):  # a RankFailure prints on its rank only
             print(f"spdnn {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except Terminated:
+        print(f"spdnn {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"spdnn {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

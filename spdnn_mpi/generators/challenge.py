@@ -5,7 +5,8 @@ The network is a seeded RadiX-Net shaped like the real one
 challenge's (``generators.digits``), the truth the surviving image ids after
 each requested layer count, computed by a truth backend (``spdnn_mpi.truth``).
 Output is one HDF5 store, written atomically with layers streamed in one at a
-time, or the official TSV layout in a directory.
+time, or the official TSV layout in a directory, built under a temporary
+name and moved into place when complete (``util.atomic.atomic_tree``).
 """
 
 from __future__ import annotations
@@ -215,11 +216,12 @@ def generate_store(
 
     if tsv:
         from spdnn_mpi.formats.tsv.write import write_categories, write_tree
+        from spdnn_mpi.util.atomic import atomic_tree
 
-        out_dir = Path(path)
-        write_tree(out_dir, stream, rows)
-        for n, ids in compute_truth():
-            write_categories(out_dir / f"neuron{neurons}-l{n}-categories.tsv", ids)
+        with atomic_tree(path) as out_dir:  # the whole tree appears at once, or nothing
+            write_tree(out_dir, stream, rows)
+            for n, ids in compute_truth():
+                write_categories(out_dir / f"neuron{neurons}-l{n}-categories.tsv", ids)
     else:
         from spdnn_mpi.formats.store.reader import StoreWriter
 

@@ -26,6 +26,11 @@ from pathlib import Path
 
 from spdnn_mpi.errors import SpdnnError
 
+#: Name of the staging folder :func:`atomic_tree` makes inside an existing folder.
+STAGING = "spdnn-staging"
+#: A temporary's name: ``.NAME.tmp-HOST-PID-XXXX`` (HOST as ``_host`` writes it).
+_TEMPORARY = re.compile(r"^\.(.+)\.tmp-[A-Za-z0-9._]+-\d+-[A-Za-z0-9_]+$")
+
 
 def _host() -> str:
     """This host's name, safe inside a file name."""
@@ -68,8 +73,25 @@ def remove_stale_temporaries(final: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def shown_path(path: str | os.PathLike) -> Path:
+    """``path`` as the user knows it: each temporary ``.NAME.tmp-HOST-PID-XXXX`` in it
+    named ``NAME`` (a staging folder of :func:`atomic_tree` left out)."""
+    parts = []
+    for part in Path(path).parts:
+        m = _TEMPORARY.match(part)
+        if m and m.group(1) == STAGING:
+            continue
+        parts.append(m.group(1) if m else part)
+    return Path(*parts) if parts else Path(path)
+
+
 def write_error(final: str | os.PathLike, exc: BaseException) -> SpdnnError:
-    """A one-line SpdnnError for a failed write of ``final`` (errno text when there is one)."""
+    """A one-line SpdnnError for a failed write of ``final`` (errno text when there is one).
+
+    ``final`` is named as the user knows it (:func:`shown_path`): a file
+    written inside a temporary folder is named by where it would have been.
+    """
+    final = shown_path(final)
     text = str(exc)
     m = re.search(r"error message = '([^']*)'", text)  # HDF5's wording of a failed write
     if getattr(exc, "errno", None):
@@ -123,14 +145,68 @@ def _written_through(final: Path) -> Iterator[Path]:
         raise
 
 
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and the folders missing above it; return those created, deepest first."""
+    made = []
+    p = folder
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        made.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove folders made for a write that failed, as long as they are empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _new_temporary(final: Path, directory: bool) -> tuple[Path, list[Path]]:
+    """(a new temporary for ``final``, the folders made for it); stale ones removed first."""
+    prefix = f".{final.name}.tmp-{_host()}-{os.getpid()}-"
+    made: list[Path] = []
+    try:
+        made = _make_parents(final.parent)
+        remove_stale_temporaries(final)
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as exc:
+        _remove_made(made)
+        raise write_error(final, exc) from None
+    # mkstemp/mkdtemp create owner-only entries; give the usual umask-based modes
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
+    return tmp, made
+
+
+def _drop(tmp: Path, made: list[Path]) -> None:
+    """Remove a temporary (file or folder) and the folders made for it."""
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _remove_made(made)
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike, *, directory: bool = False,
                 stream: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling of ``final``; rename it onto ``final`` only on success.
 
     The temporary lives in the same directory so the rename is atomic on POSIX
-    file systems. On any exception (also KeyboardInterrupt) it is removed; an
-    OSError of the write becomes a one-line SpdnnError naming ``final``.
+    file systems. On any exception (also KeyboardInterrupt) it is removed, and
+    so are the folders made for it; an OSError of the write becomes a one-line
+    SpdnnError naming ``final``.
     With ``stream`` (files only), a ``final`` that is a character device or a
     FIFO is yielded itself and written directly; without it (an HDF5 store,
     which seeks and reads back) such a ``final`` is refused.
@@ -141,33 +217,46 @@ def atomic_path(final: str | os.PathLike, *, directory: bool = False,
         with _written_through(final) as target:
             yield target
         return
-    prefix = f".{final.name}.tmp-{_host()}-{os.getpid()}-"
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(final)
-        if directory:
-            tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
-        else:
-            fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
-            os.close(fd)
-            tmp = Path(name)
-    except OSError as exc:
-        raise write_error(final, exc) from None
-    # mkstemp/mkdtemp create owner-only entries; give the usual umask-based modes
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
+    tmp, made = _new_temporary(final, directory)
     try:
         yield tmp
         if directory and final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException as exc:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+        _drop(tmp, made)
+        if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
+            raise write_error(final, exc) from None
+        raise
+
+
+@contextlib.contextmanager
+def atomic_tree(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder whose entries appear in ``final`` only on success.
+
+    A ``final`` that does not exist is the temporary renamed, in one step. An
+    existing one keeps what else it holds: the temporary is made inside it
+    (``.spdnn-staging.tmp-HOST-PID-XXXX``, the same file system) and its
+    entries are renamed into place at the end, each replacing one of its
+    name. Interrupted, nothing new shows in ``final``; a killed process's
+    staging folder is removed by the next write of ``final``.
+    """
+    final = Path(final)
+    if not final.is_dir():
+        with atomic_path(final, directory=True) as tmp:
+            yield tmp
+        return
+    tmp, made = _new_temporary(final / STAGING, directory=True)
+    try:
+        yield tmp
+        for entry in sorted(tmp.iterdir(), key=lambda p: p.lstat().st_mtime_ns):
+            target = final / entry.name
+            if target.is_dir() and not target.is_symlink():
+                target.rename(tmp / f".replaced-{entry.name}")  # dropped with the staging
+            os.replace(entry, target)
+        shutil.rmtree(tmp)
+    except BaseException as exc:
+        _drop(tmp, made)
         if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
             raise write_error(final, exc) from None
         raise
