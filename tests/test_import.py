@@ -411,3 +411,24 @@ def test_import_checks_its_output_before_reading_the_model(tmp_path, capsys, mon
     assert main(["import", str(tmp_path / "m.safetensors"), "--out",
                  str(tmp_path / "a-file" / "s.h5")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_values_beyond_float32_are_one_line_without_a_warning(tmp_path, capsys):
+    """float64 values that overflow float32 printed numpy's RuntimeWarning above the error."""
+    import warnings
+
+    rng = np.random.default_rng(25)
+    w, b, _ = random_mlp(rng, [8, 3])[0]
+    big = w.T.astype(np.float64)
+    big[1, 2] = 1e39
+    safetensors_numpy.save_file({"fc0.weight": big, "fc0.bias": b.astype(np.float64)},
+                                str(tmp_path / "big.safetensors"))
+    save_safetensors(tmp_path / "m.safetensors", [(w, b, "none")])
+    np.save(tmp_path / "x.npy", np.full((2, 8), 1e39))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be an exception here
+        _refused(tmp_path, capsys, tmp_path / "big.safetensors",
+                 "tensor 'fc0.weight': 1 NaN or infinite values as float32")
+        _refused(tmp_path, capsys, tmp_path / "m.safetensors",
+                 "x.npy: NaN or infinite value as float32 at image 1, feature 1",
+                 ["--inputs", str(tmp_path / "x.npy")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -290,3 +291,38 @@ def test_stores_are_never_written_to_devices(tmp_path, capsys):
     with pytest.raises(SpdnnError, match="a character device, not a regular file"):
         write_random_store(node)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+def _no_space_check(monkeypatch):
+    """Let a write start whatever its estimate, so the disk fills up in the middle."""
+    from spdnn_mpi.util import outputs
+
+    monkeypatch.setattr(outputs, "check_space", lambda *args, **kwargs: None)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_tsv_tree_on_a_full_disk_names_the_output_and_leaves_nothing(small_disk, monkeypatch,
+                                                                     capsys, existing):
+    _no_space_check(monkeypatch)
+    out = small_disk / "tree"
+    if existing:
+        out.mkdir()
+    assert main(["generate", "--neurons", "64", "--layers", "100", "--images", "50", "--quiet",
+                 "--tsv", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"spdnn generate: error: cannot write {re.escape(str(out))}/neuron64/"
+                        r"n64-l\d+\.tsv: No space left on device\n", err), err
+    assert [p.name for p in small_disk.iterdir()] == (["tree"] if existing else [])
+    assert not existing or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("estimate", [True, False])
+def test_demo_on_a_full_disk_leaves_no_cache_folder(small_disk, monkeypatch, capsys, estimate):
+    if not estimate:
+        _no_space_check(monkeypatch)
+    cache = small_disk / "cache" / "spdnn"
+    assert main(["demo", "--images", "300", "--cache-dir", str(cache), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(cache) in err, err
+    assert "of disk" in err if estimate else "No space left on device" in err
+    assert list(small_disk.iterdir()) == []

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError, SpdnnError
-from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity
+from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity, to_float32
 from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.util.outputs import check_outputs
 
@@ -70,12 +70,12 @@ def load_inputs(path: str | os.PathLike | np.ndarray, n_features: int) -> Sparse
     if x.shape[1] != n_features:
         raise InputFormatError(path, None, f"{x.shape[1]} features per image, the model "
                                            f"takes {n_features}")
-    x = x.astype(np.float32)
+    x = to_float32(x)
     bad = ~np.isfinite(x)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise InputFormatError(path, None, f"NaN or infinite value at image {r + 1}, "
-                                           f"feature {c + 1}")
+        raise InputFormatError(path, None, f"NaN or infinite value as float32 at image "
+                                           f"{r + 1}, feature {c + 1}")
     return SparseRows.from_dense(x)  # values kept (stored as binary only when all are 1)
 
 
