@@ -432,3 +432,39 @@ def test_values_beyond_float32_are_one_line_without_a_warning(tmp_path, capsys):
         _refused(tmp_path, capsys, tmp_path / "m.safetensors",
                  "x.npy: NaN or infinite value as float32 at image 1, feature 1",
                  ["--inputs", str(tmp_path / "x.npy")])
+
+
+@pytest.mark.parametrize("alpha,beta,message", [
+    (float("nan"), 1.0, "node 'gemm0' (Gemm): alpha=nan is not a finite number"),
+    (float("inf"), 1.0, "node 'gemm0' (Gemm): alpha=inf is not a finite number"),
+    (3e38, 1.0, "node 'gemm0' (Gemm): B x alpha: "),
+    (1.0, float("inf"), "node 'gemm0' (Gemm): beta=inf is not a finite number"),
+])
+def test_gemm_scales_making_weights_not_finite_refused(tmp_path, capsys, alpha, beta, message):
+    """Imported with exit 0 before, NaN or inf weights stored (alpha=nan: every reference
+    prediction 0)."""
+    rng = np.random.default_rng(26)
+    model = onnx_mlp(random_mlp(rng, [8, 6, 3]), "gemm")
+    gemm = model.graph.node[0]
+    del gemm.attribute[:]
+    gemm.attribute.extend([helper.make_attribute("alpha", alpha),
+                           helper.make_attribute("beta", beta),
+                           helper.make_attribute("transB", 1)])
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        np.full((6, 8), 2.0, np.float32), "W0"))
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx", message)
+
+
+def test_layer_without_outputs_refused(tmp_path, capsys):
+    """A 16 x 0 weight imported, then `infer` said `n_out is 0`."""
+    safetensors_numpy.save_file({"fc0.weight": np.zeros((0, 16), np.float32),
+                                 "fc0.bias": np.zeros(0, np.float32)},
+                                str(tmp_path / "m.safetensors"))
+    _refused(tmp_path, capsys, tmp_path / "m.safetensors",
+             "layer 'fc0': has 16 inputs and 0 outputs; a layer needs at least one of each")
+    model = onnx_mlp([(np.zeros((16, 0), np.float32), np.zeros(0, np.float32), "none")],
+                     "matmul")
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx",
+             "node 'mm0' (MatMul): has 16 inputs and 0 outputs")

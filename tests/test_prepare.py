@@ -255,6 +255,10 @@ def _truth_layers_with_no_truth_backend(tree):
         _argument("--clip", "inf", fragment="--clip inf: must be a finite number > 0"),
         _argument("--clip", "0", fragment="--clip 0.0: must be a finite number > 0"),
         _argument("--clip", "-2", fragment="--clip -2.0: must be a finite number > 0"),
+        _argument("--bias", "1e39", fragment="--bias 1e+39: must be a finite number as "
+                                             "float32"),
+        _argument("--clip", "1e39", fragment="--clip 1e+39: must be a finite number > 0 as "
+                                             "float32"),
         _argument("--images", "0", fragment="--images 0: must be at least 1"),
         _argument("--generate-inputs", "--images", "0", fragment="--images 0: must be at least"),
         _argument("--generate-inputs", "--images", "-5", fragment="--images -5: must be at"),

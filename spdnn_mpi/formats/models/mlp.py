@@ -70,6 +70,10 @@ def check_chain(path: str | os.PathLike, layers: list[DenseLayer],
         if layer.weight.ndim != 2:
             raise ModelFormatError(path, layer.name, f"weight has shape {layer.weight.shape}, "
                                                      "expected 2 dimensions")
+        if layer.n_in < 1 or layer.n_out < 1:
+            raise ModelFormatError(path, layer.name, f"has {layer.n_in} inputs and "
+                                                     f"{layer.n_out} outputs; a layer needs "
+                                                     "at least one of each")
         if layer.bias.shape != (layer.n_out,):
             raise ModelFormatError(path, layer.name, f"bias has shape {layer.bias.shape}, "
                                                      f"expected ({layer.n_out},)")

@@ -166,6 +166,22 @@ def _bias_vector(path, node, bias: np.ndarray, n_out: int, what: str) -> np.ndar
                                                    f"broadcast to one value per output ({n_out})")
 
 
+def _scale(g: _Graph, node, attrs: dict, name: str) -> np.float32:
+    """Gemm's ``alpha`` or ``beta`` as float32, refused when not finite."""
+    value = float(attrs.get(name, 1.0))
+    if not np.isfinite(value):
+        raise ModelFormatError(g.path, _node_name(node), f"{name}={value} is not a finite "
+                                                         "number")
+    return np.float32(value)
+
+
+def _scaled(g: _Graph, node, array: np.ndarray, scale: np.float32, what: str) -> np.ndarray:
+    """``array * scale`` as contiguous float32, refused where a product is not finite."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(array * scale, dtype=np.float32)
+    return as_float32(g.path, f"{_node_name(node)}: {what}", out)
+
+
 def _gemm(g: _Graph, node) -> DenseLayer:
     a = _attrs(node)
     if a.get("transA", 0):
@@ -175,9 +191,10 @@ def _gemm(g: _Graph, node) -> DenseLayer:
         raise ModelFormatError(g.path, _node_name(node), f"B has shape {w.shape}, expected 2-D")
     if a.get("transB", 0):
         w = w.T
-    w = np.ascontiguousarray(w * np.float32(a.get("alpha", 1.0)), dtype=np.float32)
+    alpha, beta = _scale(g, node, a, "alpha"), _scale(g, node, a, "beta")
+    w = _scaled(g, node, w, alpha, "B x alpha")
     if len(node.input) > 2 and node.input[2]:
-        c = g.weight(node, 2, "C") * np.float32(a.get("beta", 1.0))
+        c = _scaled(g, node, g.weight(node, 2, "C"), beta, "C x beta")
         bias = _bias_vector(g.path, node, c, w.shape[1], "C")
     else:
         bias = np.zeros(w.shape[1], np.float32)

@@ -30,7 +30,7 @@ from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for use
     layer_key,
 )
 from spdnn_mpi.formats.store.writer import StoreWriter  # noqa: F401 - re-exported
-from spdnn_mpi.model import ACTIVATIONS, READOUTS, Layer, Network, SparseRows
+from spdnn_mpi.model import READOUTS, Layer, Network, SparseRows
 from spdnn_mpi.util.outputs import file_kind
 
 
@@ -172,46 +172,9 @@ class Store:
         values = self._read(g, "values") if "values" in members else None
         bias_vec = self._read(g, "bias") if "bias" in members else None
         t0 = time.perf_counter()
-        n_in = validate.integer_attr(where, attrs, "n_in", 1)
-        n_out = validate.integer_attr(where, attrs, "n_out", 1)
-        nnz = validate.integer_attr(where, attrs, "nnz", 0)
-        validate.check_indices(where, "indices", indices, n_in)
-        if len(indices) != nnz:
-            raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
-        if indptr is None:
-            degree = validate.integer_attr(where, attrs, "row_degree", 0)
-            if degree * n_out != nnz:
-                raise StoreError(f"{where}: row_degree {degree} x {n_out} rows != nnz {nnz}")
-            indptr = np.arange(n_out + 1, dtype=np.int64) * degree
-        else:
-            validate.check_row_pointer(where, "indptr", indptr, n_out, nnz)
-        if (values is None) != ("uniform_value" in attrs):
-            raise StoreError(f"{where}: needs exactly one of dataset values and "
-                             "attribute uniform_value")
-        uniform = None
-        if values is not None:
-            validate.check_vector(where, "values", values, np.float32, nnz)
-            validate.check_finite(where, "values", values)
-        else:
-            uniform = validate.real_attr(where, attrs, "uniform_value")
-        if bias_vec is not None:
-            if "bias" in attrs:
-                raise StoreError(f"{where}: both a bias dataset and a bias attribute")
-            validate.check_vector(where, "bias", bias_vec, np.float32, n_out)
-            validate.check_finite(where, "bias", bias_vec)
-            bias: float | np.ndarray = bias_vec
-        else:
-            bias = validate.real_attr(where, attrs, "bias") if "bias" in attrs else 0.0
-        clip = validate.clip_attr(where, attrs)
-        activation = str(attrs.get("activation", "relu"))  # schema 1: always ReLU
-        if activation not in ACTIVATIONS:
-            raise StoreError(f"{where}: activation {activation!r} is not one of "
-                             f"{', '.join(ACTIVATIONS)}")
+        layer = validate.check_layer(where, attrs, indices, indptr, values, bias_vec)
         self._timed(t0)
-        try:
-            return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
-        except ValueError as exc:
-            raise StoreError(f"{where}: {exc}") from None
+        return layer
 
     def layer_shapes(self) -> list[tuple[int, int, int]]:
         """(n_in, n_out, nnz) of every layer, read from attributes only."""

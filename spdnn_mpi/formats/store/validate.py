@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.model import index_dtype
+from spdnn_mpi.model import ACTIVATIONS, Layer, index_dtype
 
 
 def is_integer(value) -> bool:
@@ -54,12 +54,17 @@ def real_attr(where: str, attrs: Mapping, name: str) -> float:
 
 
 def clip_attr(where: str, attrs: Mapping) -> float | None:
-    """The ``clip`` attribute: absent (no clip) or a number > 0 (inf allowed: no clip)."""
+    """The ``clip`` attribute: absent (no clip) or a finite number > 0.
+
+    inf is refused: no writer stores it for "no clip" (that is no attribute),
+    and a clip beyond float32's range (``--clip 1e39``) must not silently mean none.
+    """
     if "clip" not in attrs:
         return None
     value = attrs["clip"]
-    if not _is_real(value) or not float(value) > 0:
-        raise StoreError(f"{where}: attribute clip is {shown(value)}, expected a number > 0")
+    if not _is_real(value) or not (np.isfinite(float(value)) and float(value) > 0):
+        raise StoreError(f"{where}: attribute clip is {shown(value)}, expected a finite "
+                         "number > 0")
     return float(value)
 
 
@@ -102,10 +107,16 @@ def check_row_pointer_slice(where: str, name: str, indptr: np.ndarray, total: in
                          f"outside [0, {total}]")
 
 
-def check_indices(where: str, name: str, indices: np.ndarray, extent: int) -> None:
-    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range."""
+def check_indices(where: str, name: str, indices: np.ndarray, extent: int,
+                  exact: bool = True) -> None:
+    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range.
+
+    ``exact`` False accepts any integer dtype (a writer checks the ids it is
+    given before casting them to the stored dtype, where they could wrap).
+    """
     dtype = index_dtype(extent)
-    if indices.dtype != dtype or indices.ndim != 1:
+    if ((exact and indices.dtype != dtype) or not np.issubdtype(indices.dtype, np.integer)
+            or indices.ndim != 1):
         raise StoreError(f"{where}/{name}: dtype {indices.dtype}, the schema says {dtype} "
                          f"for ids below {extent}")
     if not len(indices):
@@ -169,3 +180,54 @@ def check_truth(where: str, ids: np.ndarray, n_images: int | None) -> None:
     if int(ids[0]) < 1 or (n_images is not None and int(ids[-1]) > n_images):
         raise StoreError(f"{where}: ids {int(ids[0])}..{int(ids[-1])} outside "
                          f"1..{n_images if n_images is not None else 'any'}")
+
+
+def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndarray | None,
+                values: np.ndarray | None, bias_vec: np.ndarray | None) -> Layer:
+    """The layer a group's attributes and arrays describe, every rule of the schema checked.
+
+    ``indptr`` None means the ``row_degree`` form, ``values`` None the
+    ``uniform_value`` form, ``bias_vec`` None a scalar (or absent) bias. The
+    reader runs it on what it read and the writer on what it is about to
+    write, so that no writer stores what the reader would refuse.
+    """
+    n_in = integer_attr(where, attrs, "n_in", 1)
+    n_out = integer_attr(where, attrs, "n_out", 1)
+    nnz = integer_attr(where, attrs, "nnz", 0)
+    check_indices(where, "indices", indices, n_in)
+    if len(indices) != nnz:
+        raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
+    if indptr is None:
+        degree = integer_attr(where, attrs, "row_degree", 0)
+        if degree * n_out != nnz:
+            raise StoreError(f"{where}: row_degree {degree} x {n_out} rows != nnz {nnz}")
+        indptr = np.arange(n_out + 1, dtype=np.int64) * degree
+    else:
+        check_row_pointer(where, "indptr", indptr, n_out, nnz)
+    if (values is None) != ("uniform_value" in attrs):
+        raise StoreError(f"{where}: needs exactly one of dataset values and "
+                         "attribute uniform_value")
+    uniform = None
+    if values is not None:
+        check_vector(where, "values", values, np.float32, nnz)
+        check_finite(where, "values", values)
+    else:
+        uniform = real_attr(where, attrs, "uniform_value")
+    if bias_vec is not None:
+        if "bias" in attrs:
+            raise StoreError(f"{where}: both a bias dataset and a bias attribute")
+        check_vector(where, "bias", bias_vec, np.float32, n_out)
+        check_finite(where, "bias", bias_vec)
+        bias: float | np.ndarray = bias_vec
+    else:
+        bias = real_attr(where, attrs, "bias") if "bias" in attrs else 0.0
+    clip = clip_attr(where, attrs)
+    activation = str(attrs.get("activation", "relu"))  # schema 1: always ReLU
+    if activation not in ACTIVATIONS:
+        raise StoreError(f"{where}: activation {activation!r} is not one of "
+                         f"{', '.join(ACTIVATIONS)}")
+    try:
+        return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
+    except ValueError as exc:
+        raise StoreError(f"{where}: {exc}") from None
+

@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 DEFAULT_CLIP = 32.0
 
 
@@ -194,6 +196,13 @@ def _check_numbers(bias: float | None, clip: float | None, n_images: int | None)
         raise SpdnnError(f"--bias {bias}: must be a finite number")
     if clip is not None and not (math.isfinite(clip) and clip > 0):
         raise SpdnnError(f"--clip {clip}: must be a finite number > 0 (or --no-clip)")
+    with np.errstate(over="ignore"):  # the store keeps float32: 1e39 would become inf
+        if bias is not None and not np.isfinite(np.float32(bias)):
+            raise SpdnnError(f"--bias {bias}: must be a finite number as float32 "
+                             f"(|bias| < {np.finfo(np.float32).max:.4g})")
+        if clip is not None and not np.isfinite(np.float32(clip)):
+            raise SpdnnError(f"--clip {clip}: must be a finite number > 0 as float32 "
+                             f"(< {np.finfo(np.float32).max:.4g}), or --no-clip")
     if n_images is not None and n_images < 1:
         raise SpdnnError(f"--images {n_images}: must be at least 1")
 
