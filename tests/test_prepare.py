@@ -225,6 +225,21 @@ def _stray_image_id(tree):
                                      "beyond the", "--images 1000000")
 
 
+def _empty_images(tree):
+    """A 0-image store was written; with --categories the refusal blamed the truth file."""
+    path = tree["root"] / "empty.tsv"
+    path.write_text("")
+    return ["--inputs", str(path)], f"{path}: no images (the file has no entry lines)"
+
+
+def _blank_images_with_categories(tree):
+    path = tree["root"] / "blank.tsv"
+    path.write_text("\n\n")
+    truth = tree["root"] / f"neuron{N}-l2-categories.tsv"
+    return ["--inputs", str(path), "--categories", str(truth)], (
+        f"{path}: no images (the file has no entry lines)")
+
+
 def _argument(*argv: str, fragment: str):
     def case(tree):
         return list(argv), fragment
@@ -278,6 +293,8 @@ def _truth_layers_with_no_truth_backend(tree):
         _truth_beyond_layers,
         _truth_beyond_images,
         _unnamed_categories,
+        _empty_images,
+        _blank_images_with_categories,
     ],
 )
 def test_prepare_fails_cleanly(tree, tmp_path, capsys, case):
