@@ -93,6 +93,9 @@ class Store:
         if not isinstance(net, h5py.Group) or "n_layers" not in net.attrs:
             raise StoreError(f"{self.path}: store has no network")
         self.n_layers = validate.integer_attr(f"{self.path}: network", net.attrs, "n_layers", 1)
+        if self.schema_version >= 2 and "readout" not in net.attrs:
+            raise StoreError(f"{self.path}: network: attribute readout missing (schema 2 "
+                             "stores name their readout)")
         self.readout = str(net.attrs.get("readout", "alive"))  # schema 1: the challenge's
         if self.readout not in READOUTS:
             raise StoreError(f"{self.path}: network readout {self.readout!r} is not one of "
@@ -315,16 +318,18 @@ class Store:
         return str(group[key].attrs.get("computed_by", "unknown"))
 
     # -- labels and predictions (argmax readout) ----------------------------
-    def _classes(self, group: h5py.Group, key: str, what: str) -> np.ndarray:
-        """A per-image class vector, validated: integers, one per image, >= 0."""
-        classes = self._read(group, key)
+    def _classes(self, group: h5py.Group, key: str, what: str, n_layers: int) -> np.ndarray:
+        """A per-image class vector, validated: integers, one per image, each below the
+        outputs of layer ``n_layers``."""
         where = f"{self.path}: {group.name[1:] + '/' if group.name != '/' else ''}{key}"
-        if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
-            raise StoreError(f"{where}: {what} must be a vector of integers")
-        if self.has_inputs and len(classes) != self.n_images:
-            raise StoreError(f"{where}: {len(classes)} {what} for {self.n_images} images")
-        if len(classes) and int(classes.min()) < 0:
-            raise StoreError(f"{where}: negative class {int(classes.min())}")
+        if not 1 <= n_layers <= self.n_layers:
+            raise StoreError(f"{where}: for {n_layers} layers, the store has {self.n_layers}")
+        n_classes = validate.integer_attr(f"{self.path}: network/{layer_key(n_layers - 1)}",
+                                          self._layer_group(n_layers - 1).attrs, "n_out", 1)
+        classes = self._read(group, key)
+        whose = "the network" if n_layers == self.n_layers else f"layer {n_layers}"
+        validate.check_classes(where, what, classes, self.n_images if self.has_inputs else None,
+                               n_classes, whose)
         return classes.astype(np.int64)
 
     @property
@@ -333,7 +338,9 @@ class Store:
 
     def labels(self) -> np.ndarray | None:
         """True 0-based class of every image, if stored."""
-        return self._classes(self._file, "labels", "labels") if self.has_labels else None
+        if not self.has_labels:
+            return None
+        return self._classes(self._file, "labels", "labels", self.n_layers)
 
     def _predictions_group(self) -> h5py.Group | None:
         group = self._file.get("predictions")
@@ -354,7 +361,7 @@ class Store:
         key = f"l{n_layers}"
         if group is None or key not in group:
             return None
-        return self._classes(group, key, "predictions")
+        return self._classes(group, key, "predictions", n_layers)
 
     def predictions_source(self, n_layers: int) -> str | None:
         group = self._predictions_group()

@@ -182,6 +182,24 @@ def check_truth(where: str, ids: np.ndarray, n_images: int | None) -> None:
                          f"1..{n_images if n_images is not None else 'any'}")
 
 
+def check_classes(where: str, what: str, classes: np.ndarray, n_images: int | None,
+                  n_classes: int, whose: str) -> None:
+    """One class per image (``what``: labels or predictions), each in ``0..n_classes - 1``,
+    ``n_classes`` being the outputs of ``whose`` ("the network", "layer 3")."""
+    if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
+        raise StoreError(f"{where}: {what} must be a vector of integers")
+    if n_images is not None and len(classes) != n_images:
+        raise StoreError(f"{where}: {len(classes)} {what} for {n_images} images")
+    if not len(classes):
+        return
+    low, top = int(classes.min()), int(classes.max())
+    if low < 0 or top >= n_classes:
+        bad = low if low < 0 else top
+        k = int(np.flatnonzero(classes == bad)[0])
+        raise StoreError(f"{where}: class {bad} of image {k + 1} outside 0..{n_classes - 1} "
+                         f"({whose} has {n_classes} outputs)")
+
+
 def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndarray | None,
                 values: np.ndarray | None, bias_vec: np.ndarray | None) -> Layer:
     """The layer a group's attributes and arrays describe, every rule of the schema checked.

@@ -161,6 +161,7 @@ class StoreWriter:
         self._n_rows: int | None = None
         self._n_cols: int | None = None
         self._first_n_in: int | None = None
+        self._n_outs: list[int] = []  # n_out of every layer written, for the class checks
         self._closed = False
 
     # -- content -----------------------------------------------------------
@@ -193,6 +194,7 @@ class StoreWriter:
                 g.create_dataset(name, data=data)
         self._n_layers += 1
         self._last_n_out = layer.n_out
+        self._n_outs.append(layer.n_out)
         self._net.attrs["n_layers"] = self._n_layers
         self._check_written()
 
@@ -231,25 +233,31 @@ class StoreWriter:
             raise StoreError(f"{self.path}: inputs: n_cols {self._n_cols} but layer 1 has "
                              f"{self._first_n_in} inputs")
 
-    def _per_image(self, what: str, data: np.ndarray) -> np.ndarray:
+    def _per_image(self, what: str, data: np.ndarray, key: str, n_layers: int) -> np.ndarray:
+        """``data`` as int64 classes, checked by the reader's rules: one per image, each
+        below the outputs of layer ``n_layers``."""
+        where = f"{self.path}: {key}"
         data = np.asarray(data)
-        if data.ndim != 1 or not np.issubdtype(data.dtype, np.integer):
-            raise StoreError(f"{self.path}: {what} must be a vector of integers")
         if self._n_rows is None:
-            raise StoreError(f"{self.path}: write the inputs before the {what}")
-        if len(data) != self._n_rows:
-            raise StoreError(f"{self.path}: {len(data)} {what} for {self._n_rows} images")
+            raise StoreError(f"{where}: write the inputs before the {what}")
+        if not 1 <= n_layers <= self._n_layers:
+            raise StoreError(f"{where}: for {n_layers} layers, the store has {self._n_layers}")
+        whose = "the network" if n_layers == self._n_layers else f"layer {n_layers}"
+        validate.check_classes(where, what, data, self._n_rows, self._n_outs[n_layers - 1],
+                               whose)
         return data.astype(np.int64)
 
     def write_labels(self, labels: np.ndarray) -> None:
-        """Store the true class (0-based) of every input image."""
-        self._file.create_dataset("labels", data=self._per_image("labels", labels))
+        """Store the true class (0-based) of every input image (after the last layer)."""
+        self._file.create_dataset("labels", data=self._per_image("labels", labels, "labels",
+                                                                 self._n_layers))
         self._check_written()
 
     def add_predictions(self, n_layers: int, classes: np.ndarray, computed_by: str) -> None:
         """Store the predicted class of every image after ``n_layers`` layers (argmax readout)."""
-        d = self._file.require_group("predictions").create_dataset(
-            f"l{n_layers}", data=self._per_image("predictions", classes))
+        key = f"l{n_layers}"
+        data = self._per_image("predictions", classes, f"predictions/{key}", n_layers)
+        d = self._file.require_group("predictions").create_dataset(key, data=data)
         d.attrs["n_layers"] = n_layers
         d.attrs["computed_by"] = computed_by
         self._check_written()
