@@ -468,3 +468,71 @@ def test_layer_without_outputs_refused(tmp_path, capsys):
     onnx.save(model, tmp_path / "m.onnx")
     _refused(tmp_path, capsys, tmp_path / "m.onnx",
              "node 'mm0' (MatMul): has 16 inputs and 0 outputs")
+
+
+def _header_only_safetensors(path, header):
+    import json
+    import struct
+
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(64))
+    return path
+
+
+@pytest.mark.parametrize("header,message", [
+    ({"fc0.weight": [1, 2]}, "tensor 'fc0.weight': header entry is not an object"),
+    ({"fc0.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": ["0", "16"]},
+      "fc0.bias": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}},
+     "tensor 'fc0.weight': data_offsets ['0', '16'] is not two integers"),
+    ({"fc0.weight": {"dtype": "F32", "shape": 4, "data_offsets": [0, 16]}},
+     "tensor 'fc0.weight': shape 4 is not a list of sizes"),
+])
+def test_malformed_safetensors_headers_are_one_line(tmp_path, capsys, header, message):
+    path = _header_only_safetensors(tmp_path / "m.safetensors", header)
+    _refused(tmp_path, capsys, path, message)
+
+
+def test_npz_inputs_are_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(27)
+    save_safetensors(tmp_path / "m.safetensors", random_mlp(rng, [8, 3]))
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 8), np.float32))
+    _refused(tmp_path, capsys, tmp_path / "m.safetensors",
+             "x.npz: a .npz archive, not one array: save the inputs with numpy.save (.npy)",
+             ["--inputs", str(tmp_path / "x.npz")])
+
+
+def test_sparse_initializer_index_out_of_range_is_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(28)
+    model = onnx_mlp(random_mlp(rng, [4, 3]), "gemm")
+    dense = model.graph.initializer[0]
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.array([1.0, 2.0], np.float32), dense.name),
+        numpy_helper.from_array(np.array([0, 100], np.int64), dense.name + "_ids"), [3, 4])
+    model.graph.initializer.remove(dense)
+    model.graph.sparse_initializer.append(sparse)
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx",
+             "sparse initializer 'W0': index 100 outside the 12 values of shape (3, 4)")
+
+
+@pytest.mark.parametrize("location,message", [
+    ("w.bin", "external weights of tensor 'W0' not readable"),
+    ("../outside.bin", "external weights of tensor 'W0' not readable"),
+])
+def test_bad_external_data_is_one_line(tmp_path, capsys, location, message):
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    rng = np.random.default_rng(29)
+    model = onnx_mlp(random_mlp(rng, [4, 3]), "gemm")
+    sub = tmp_path / "model"
+    sub.mkdir()
+    convert_model_to_external_data(model, location="w.bin", size_threshold=0)
+    onnx.save(model, sub / "m.onnx")
+    (sub / "w.bin").unlink()  # missing
+    model = onnx.load(sub / "m.onnx", load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    (sub / "m.onnx").write_bytes(model.SerializeToString())
+    (tmp_path / "outside.bin").write_bytes(bytes(64))
+    _refused(tmp_path, capsys, sub / "m.onnx", message)

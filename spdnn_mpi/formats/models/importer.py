@@ -97,11 +97,16 @@ def load_labels(path: str | os.PathLike | np.ndarray, n_images: int,
 
 def _load_npy(path: str | os.PathLike) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise InputFormatError(path, None, "no such file") from None
     except (OSError, ValueError, EOFError) as exc:
         raise InputFormatError(path, None, f"not a readable .npy array ({exc})") from None
+    if not isinstance(data, np.ndarray):  # np.load gives an NpzFile for .npz archives
+        data.close()
+        raise InputFormatError(path, None, "a .npz archive, not one array: save the inputs "
+                                           "with numpy.save (.npy)")
+    return data
 
 
 def file_digest(path: Path) -> str:

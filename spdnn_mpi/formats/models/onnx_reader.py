@@ -57,14 +57,30 @@ def load_model_proto(path: str | os.PathLike):
         raise ModelFormatError(path, None, f"not an ONNX model ({type(exc).__name__})") from None
     if not model.graph.node:
         raise ModelFormatError(path, None, "not an ONNX model (its graph has no nodes)")
-    if any(t.data_location == 1 for t in model.graph.initializer):  # EXTERNAL
-        from onnx.external_data_helper import load_external_data_for_model
-
-        try:
-            load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as exc:
-            raise ModelFormatError(path, None, f"external weights not readable ({exc})") from None
+    _load_external_data(path, model)
     return model
+
+
+def _load_external_data(path: Path, model) -> None:
+    """Read the weights stored beside the model (external data), naming a tensor whose
+    file is missing, unreadable or outside the model's folder."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    graph = model.graph
+    tensors = list(graph.initializer)
+    tensors += [t for sp in graph.sparse_initializer for t in (sp.values, sp.indices)]
+    tensors += [a.t for node in graph.node for a in node.attribute if a.HasField("t")]
+    for tensor in tensors:
+        if not uses_external_data(tensor):
+            continue
+        try:
+            load_external_data_for_tensor(tensor, str(path.parent))
+        except Exception as exc:  # onnx's ValidationError, OSError, ValueError
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ModelFormatError(path, None, f"external weights of tensor '{tensor.name}' "
+                                               f"not readable ({reason})") from None
+        tensor.data_location = 0  # DEFAULT: the data is in the tensor now
+        del tensor.external_data[:]
 
 
 class _Graph:
@@ -76,7 +92,7 @@ class _Graph:
         graph = model.graph
         self.const: dict[str, np.ndarray] = {t.name: nh.to_array(t) for t in graph.initializer}
         for sp in graph.sparse_initializer:
-            self.const[sp.values.name] = _sparse_to_dense(sp, nh)
+            self.const[sp.values.name] = _sparse_to_dense(path, sp, nh)
         self.nodes = list(graph.node)
         for node in self.nodes:
             if node.op_type == "Constant":
@@ -136,15 +152,29 @@ class _Graph:
         return None
 
 
-def _sparse_to_dense(sp, nh) -> np.ndarray:
-    values = nh.to_array(sp.values)
+def _sparse_to_dense(path: Path, sp, nh) -> np.ndarray:
+    """A sparse initializer as a dense array; indices out of range or not matching the
+    values are refused (numpy would raise IndexError)."""
+    where = f"sparse initializer '{sp.values.name}'"
+    values = nh.to_array(sp.values).reshape(-1)
     indices = nh.to_array(sp.indices).astype(np.int64)
-    dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
-    if indices.ndim == 2:
-        dense[tuple(indices.T)] = values
-    else:
-        dense.reshape(-1)[indices] = values
-    return dense
+    shape = tuple(int(d) for d in sp.dims)
+    size = int(np.prod(shape, dtype=np.int64))
+    if indices.ndim == 2 and indices.shape[1:] == (len(shape),):  # one row of coordinates each
+        flat = (np.ravel_multi_index(tuple(indices.T), shape)
+                if len(indices) and (indices >= 0).all() and (indices < shape).all() else None)
+        if len(indices) and flat is None:
+            raise ModelFormatError(path, where, f"indices outside shape {shape}")
+        indices = flat if flat is not None else np.zeros(0, np.int64)
+    if indices.ndim != 1 or len(indices) != len(values):
+        raise ModelFormatError(path, where, f"{indices.shape} indices for {len(values)} values")
+    bad = np.flatnonzero((indices < 0) | (indices >= size))
+    if len(bad):
+        raise ModelFormatError(path, where, f"index {int(indices[bad[0]])} outside the {size} "
+                                            f"values of shape {shape}")
+    dense = np.zeros(size, dtype=values.dtype)
+    dense[indices] = values
+    return dense.reshape(shape)
 
 
 def _node_name(node) -> str:
