@@ -362,3 +362,48 @@ def test_store_without_inputs_says_how_to_add_them(tree, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "store has no inputs" in err
     assert "--inputs sparse-images-N.tsv" in err and "--generate-inputs" in err
+
+
+def test_unreadable_weights_folder_is_one_line(tree, tmp_path, capsys, monkeypatch):
+    """Listing a folder without read permission raised PermissionError (tests run as root,
+    where permissions do not stop a read: the listing is made to fail instead)."""
+    from pathlib import Path as RealPath
+
+    real_iterdir = RealPath.iterdir
+    weights = tree["weights"]
+
+    def iterdir(self):
+        if self == weights:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(RealPath, "iterdir", iterdir)
+    out = tmp_path / "s.h5"
+    assert main(["prepare", "--weights", str(weights), "--neurons", str(N), "--out", str(out),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"spdnn prepare: error: {weights}: cannot list the folder (Permission " \
+                  "denied)\n"
+    assert not out.exists()
+
+
+def test_categories_and_truth_layers_for_the_same_count_refused(tree, tmp_path, capsys):
+    """Both gave truth for 2 layers: h5py's "name already exists" traceback at the end."""
+    root, out = tree["root"], tmp_path / "s.h5"
+    assert main(["prepare", "--weights", str(tree["weights"]), "--inputs",
+                 str(root / f"sparse-images-{N}.tsv"), "--categories",
+                 str(root / f"neuron{N}-l2-categories.tsv"), "--truth-layers", "2",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--truth-layers 2: truth for 2 layers is given by --categories" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_store_writer_refuses_a_second_truth_for_one_count(tmp_path):
+    layer = Layer.from_coo([0, 1], [1, 0], [1.0, 2.0], 2, 2)
+    with pytest.raises(StoreError, match="truth/l1: stored twice"), \
+            StoreWriter(tmp_path / "s.h5") as writer:
+        writer.add_layer(layer)
+        writer.add_truth(1, np.array([1]), "a")
+        writer.add_truth(1, np.array([1]), "b")
+    assert leftovers(tmp_path) == []

@@ -265,7 +265,10 @@ class StoreWriter:
     def add_truth(self, n_layers: int, categories: np.ndarray, computed_by: str) -> None:
         """Store the sorted 1-based ids of the images alive after ``n_layers`` layers."""
         ids = np.asarray(categories, dtype=np.int64)
-        validate.check_truth(f"{self.path}: truth/l{n_layers}", ids, self._n_rows)
+        where = f"{self.path}: truth/l{n_layers}"
+        if f"l{n_layers}" in self._file["truth"]:
+            raise StoreError(f"{where}: stored twice (truth for {n_layers} layers given twice)")
+        validate.check_truth(where, ids, self._n_rows)
         d = self._file["truth"].create_dataset(f"l{n_layers}", data=ids)
         d.attrs["n_layers"] = n_layers
         d.attrs["computed_by"] = computed_by

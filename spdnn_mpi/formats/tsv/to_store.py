@@ -104,6 +104,10 @@ def prepare_store(
         raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
     if truth_layers and inputs is None and not generate_inputs:
         raise SpdnnError("--truth-layers needs inputs: --inputs FILE or --generate-inputs")
+    both = sorted(set(truth_layers) & set(categories))
+    if both:
+        raise SpdnnError(f"--truth-layers {both[0]}: truth for {both[0]} layers is given by "
+                         f"--categories {categories[both[0]]}; leave one of them out")
     if truth_layers and truth_backend == "none":
         raise SpdnnError("--truth-backend none computes no truth; drop --truth-layers or "
                          "choose reference or cpu")
