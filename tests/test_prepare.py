@@ -159,6 +159,13 @@ def _missing_layer(tree):
     return ["--layers", "4"], f"n{N}-l3.tsv: missing layer file"
 
 
+def _layer_file_is_a_directory(tree):
+    path = tree["weights"] / f"n{N}-l2.tsv"
+    path.unlink()
+    path.mkdir()
+    return [], f"n{N}-l2.tsv: is a directory, not a layer file"
+
+
 def _truncated_gzip(tree):
     path = tree["weights"] / f"n{N}-l2.tsv"
     data = gzip.compress(path.read_bytes())
@@ -286,6 +293,7 @@ def _truth_layers_with_no_truth_backend(tree):
         _zero_based,
         _duplicate,
         _missing_layer,
+        _layer_file_is_a_directory,
         _truncated_gzip,
         _other_network,
         _bad_images,

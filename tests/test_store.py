@@ -125,6 +125,23 @@ CASES = {
                    ["network", "attribute n_layers is 0"]),
     "provenance not JSON": (lambda f: f.attrs.__setitem__("provenance", "{oops"),
                             ["provenance is not a JSON object"]),
+    # a 2-D dataset of the right dtype was reported as "dtype uint16, the schema says uint16"
+    "2-D layer indices": (
+        lambda f: replace(f["network/l00001"], "indices",
+                          f["network/l00001/indices"][()].reshape(-1, 1)),
+        ["network/l00001/indices: shape (", "expected one dimension"]),
+    "2-D input pixels": (
+        lambda f: replace(f["inputs"], "indices", f["inputs/indices"][()].reshape(-1, 1)),
+        ["inputs/indices: shape (", "expected one dimension"]),
+    "2-D bias vector": (
+        lambda f: replace(f["network/l00002"], "bias",
+                          f["network/l00002/bias"][()].reshape(-1, 1)),
+        ["network/l00002/bias: shape (48, 1), expected (48,)"]),
+    "2-D truth": (lambda f: replace(f["truth"], "l4", f["truth/l4"][()].reshape(-1, 1)),
+                  ["truth/l4: shape (", "expected one dimension"]),
+    # "store has no network" named neither the group nor the missing attribute
+    "n_layers gone": (lambda f: f["network"].attrs.__delitem__("n_layers"),
+                      ["network: attribute n_layers missing"]),
 }
 
 

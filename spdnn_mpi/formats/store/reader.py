@@ -90,8 +90,8 @@ class Store:
             )
         self.schema_version = int(version)
         net = self._file.get("network")
-        if not isinstance(net, h5py.Group) or "n_layers" not in net.attrs:
-            raise StoreError(f"{self.path}: store has no network")
+        if not isinstance(net, h5py.Group):
+            raise StoreError(f"{self.path}: store has no network (group network missing)")
         self.n_layers = validate.integer_attr(f"{self.path}: network", net.attrs, "n_layers", 1)
         if self.schema_version >= 2 and "readout" not in net.attrs:
             raise StoreError(f"{self.path}: network: attribute readout missing (schema 2 "

@@ -68,13 +68,20 @@ def clip_attr(where: str, attrs: Mapping) -> float | None:
     return float(value)
 
 
+def check_one_dimension(where: str, name: str, shape: tuple) -> None:
+    """A dataset of ``shape`` is a vector; checked before its dtype, so that a 2-D array
+    of the right dtype is called a shape problem."""
+    if len(shape) != 1:
+        raise StoreError(f"{where}/{name}: shape {tuple(shape)}, expected one dimension")
+
+
 def check_vector(where: str, name: str, array: np.ndarray, dtype, length: int) -> None:
-    """``array`` (dataset ``name``) is one-dimensional, of ``dtype`` exactly, ``length`` long."""
+    """``array`` (dataset ``name``) is one-dimensional, ``length`` long, of ``dtype`` exactly."""
     dtype = np.dtype(dtype)
-    if array.dtype != dtype:
-        raise StoreError(f"{where}/{name}: dtype {array.dtype}, the schema says {dtype}")
     if array.ndim != 1 or array.shape[0] != length:
         raise StoreError(f"{where}/{name}: shape {array.shape}, expected ({length},)")
+    if array.dtype != dtype:
+        raise StoreError(f"{where}/{name}: dtype {array.dtype}, the schema says {dtype}")
 
 
 def check_row_pointer(where: str, name: str, indptr: np.ndarray, n_rows: int, nnz: int,
@@ -96,7 +103,8 @@ def check_row_pointer(where: str, name: str, indptr: np.ndarray, n_rows: int, nn
 
 def check_row_pointer_slice(where: str, name: str, indptr: np.ndarray, total: int) -> None:
     """Part of a row pointer: int64, never decreasing, every value within ``[0, total]``."""
-    if indptr.dtype != np.int64 or indptr.ndim != 1:
+    check_one_dimension(where, name, indptr.shape)
+    if indptr.dtype != np.int64:
         raise StoreError(f"{where}/{name}: dtype {indptr.dtype}, the schema says int64")
     if len(indptr) > 1 and np.diff(indptr).min() < 0:
         k = int(np.flatnonzero(np.diff(indptr) < 0)[0])
@@ -115,8 +123,8 @@ def check_indices(where: str, name: str, indices: np.ndarray, extent: int,
     given before casting them to the stored dtype, where they could wrap).
     """
     dtype = index_dtype(extent)
-    if ((exact and indices.dtype != dtype) or not np.issubdtype(indices.dtype, np.integer)
-            or indices.ndim != 1):
+    check_one_dimension(where, name, indices.shape)
+    if (exact and indices.dtype != dtype) or not np.issubdtype(indices.dtype, np.integer):
         raise StoreError(f"{where}/{name}: dtype {indices.dtype}, the schema says {dtype} "
                          f"for ids below {extent}")
     if not len(indices):
@@ -152,7 +160,8 @@ def check_inputs_group(where: str, group, first_n_in: int) -> tuple[int, int, in
         raise StoreError(f"{where}/indptr: {ip.dtype} of shape {ip.shape}, expected int64 "
                          f"of shape ({n_rows + 1},) for n_rows {n_rows}")
     want = index_dtype(n_cols)
-    if ind.dtype != want or len(ind.shape) != 1:
+    check_one_dimension(where, "indices", ind.shape)
+    if ind.dtype != want:
         raise StoreError(f"{where}/indices: dtype {ind.dtype}, the schema says {want} "
                          f"for n_cols {n_cols}")
     nnz = int(ind.shape[0])
@@ -171,7 +180,9 @@ def check_inputs_group(where: str, group, first_n_in: int) -> tuple[int, int, in
 
 def check_truth(where: str, ids: np.ndarray, n_images: int | None) -> None:
     """Truth ids: int64, strictly increasing (sorted, no repeats), 1-based, <= n_images."""
-    if ids.dtype != np.int64 or ids.ndim != 1:
+    if ids.ndim != 1:
+        raise StoreError(f"{where}: shape {ids.shape}, expected one dimension")
+    if ids.dtype != np.int64:
         raise StoreError(f"{where}: dtype {ids.dtype}, the schema says int64")
     if not len(ids):
         return

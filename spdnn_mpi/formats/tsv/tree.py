@@ -29,6 +29,9 @@ def layer_path(directory: str | os.PathLike, neurons: int, k: int) -> Path:
     for p in (base, base.with_name(base.name + ".gz")):
         if p.is_file():
             return p
+    for p in (base, base.with_name(base.name + ".gz")):
+        if p.is_dir():
+            raise InputFormatError(p, None, "is a directory, not a layer file")
     raise InputFormatError(base, None, f"missing layer file (no {base.name} or {base.name}.gz)")
 
 
