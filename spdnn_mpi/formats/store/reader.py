@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,25 +30,6 @@ from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for use
 )
 from spdnn_mpi.formats.store.writer import StoreWriter  # noqa: F401 - re-exported
 from spdnn_mpi.model import READOUTS, Layer, Network, SparseRows
-from spdnn_mpi.util.outputs import file_kind
-
-
-def _check_regular(path: Path) -> None:
-    """Refuse a missing path, a directory, or anything else not a regular file.
-
-    Checked with stat before HDF5 opens it: opening a FIFO blocks until a
-    writer comes, forever if none does.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise StoreError(f"{path}: no such store") from None
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(mode):
-        raise StoreError(f"{path}: is a directory, not a store")
-    if not stat.S_ISREG(mode):
-        raise StoreError(f"{path}: not a regular file ({file_kind(mode)}), not a store")
 
 
 class Store:
@@ -65,7 +45,7 @@ class Store:
         self.path = Path(path)
         self.validate_seconds = 0.0
         self._inputs_meta: tuple[int, int, int] | None = None
-        _check_regular(self.path)
+        validate.check_store_file(self.path)
         try:
             self._file = h5py.File(self.path, "r")
         except OSError as exc:

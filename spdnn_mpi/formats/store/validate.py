@@ -1,4 +1,4 @@
-"""Checks on the arrays and attributes of a store, made once when they are read.
+"""Checks on a store's file, arrays and attributes, made once when read and before written.
 
 The compute kernels trust their index arrays: an index out of range is a
 segfault or a silently wrong answer, a row pointer that goes backwards reads
@@ -6,17 +6,22 @@ the wrong nonzeros. So every array read from a store passes through here
 before any kernel sees it. Every check is a whole-array NumPy reduction (no
 Python loop over nonzeros); only on the error path is the first bad position
 searched for. A failure is a :class:`StoreError` naming the store and the
-dataset (``where`` carries both, e.g. ``store.h5: network/l00003``).
+dataset (``where`` carries both, e.g. ``store.h5: network/l00003``). The
+writer runs the same checks on what it is about to store.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.model import ACTIVATIONS, Layer, index_dtype
+from spdnn_mpi.util.outputs import file_kind
 
 
 def is_integer(value) -> bool:
@@ -260,3 +265,20 @@ def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndar
     except ValueError as exc:
         raise StoreError(f"{where}: {exc}") from None
 
+
+def check_store_file(path: Path) -> None:
+    """Refuse a missing path, a directory, or anything else not a regular file.
+
+    Checked with stat before HDF5 opens it: opening a FIFO blocks until a
+    writer comes, forever if none does.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise StoreError(f"{path}: no such store") from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise StoreError(f"{path}: is a directory, not a store")
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"{path}: not a regular file ({file_kind(mode)}), not a store")
