@@ -326,3 +326,12 @@ def test_demo_on_a_full_disk_leaves_no_cache_folder(small_disk, monkeypatch, cap
     assert len(err.strip().splitlines()) == 1 and str(cache) in err, err
     assert "of disk" in err if estimate else "No space left on device" in err
     assert list(small_disk.iterdir()) == []
+
+
+def test_one_device_may_take_several_outputs(tmp_path, capsys):
+    """`--out /dev/null --json /dev/null` is not one output overwriting another."""
+    store = make_store(tmp_path / "s.h5")
+    node = _device(tmp_path / "null")
+    assert main(["infer", str(store), "--quiet", "--backend", "cpu", "--out", str(node),
+                 "--json", str(node)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "s.h5"]

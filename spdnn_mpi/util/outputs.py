@@ -77,6 +77,13 @@ def check_output(
     return path
 
 
+def _is_char_device(path: PathLike) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _check_special(path: Path, option: str, regular: bool) -> bool:
     """True for an output written directly (a device or FIFO that may be opened for
     writing); refuses other kinds that are not regular files or folders."""
@@ -136,11 +143,15 @@ def check_outputs(
 
 
 def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:
-    """Refuse two options naming the same output file (one would overwrite the other)."""
+    """Refuse two options naming the same output file (one would overwrite the other).
+
+    A character device (``/dev/null``) may take several: each is written to it
+    directly, and none replaces another.
+    """
     given = [(k, v) for k, v in outputs.items() if v is not None]
     for i, (name_a, a) in enumerate(given):
         for name_b, b in given[i + 1 :]:
-            if same_path(a, b):
+            if same_path(a, b) and not _is_char_device(a):
                 raise SpdnnError(f"{name_a} and {name_b} are the same file {a}")
 
 
