@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import threading
 
 from spdnn_mpi import __version__
 from spdnn_mpi.errors import SpdnnError
@@ -62,20 +65,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so the same cleanup runs (temporaries removed)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the flush at exit cannot fail (and print) again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # no file descriptor (a captured stream): nothing to flush at exit
+
+
+class _Stdout:
+    """``sys.stdout`` that remembers its failed write, so ``main`` can tell a full or
+    closed standard output from any other OSError."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     from spdnn_mpi.comm import agree_on_command
 
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    stdout = sys.stdout = _Stdout(sys.stdout)
     try:
         agree_on_command(args.command)
-        return int(args._run(args) or 0)
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe or a full device shows here, not at exit
+        return status
+    except OSError as exc:
+        if exc is not stdout.error:
+            raise
+        _stdout_to_devnull()
+        if isinstance(exc, BrokenPipeError):  # the reader is gone (`| head -1`): quietly,
+            return 128 + signal.SIGPIPE  # with the status of a tool SIGPIPE stopped
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        print(f"spdnn {args.command}: error: cannot write standard output: {reason}",
+              file=sys.stderr, flush=True)
+        return 2
     except SpdnnError as exc:
         if getattr(exc, "print_here", True):  # a RankFailure prints on its rank only
             print(f"spdnn {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except Terminated:
+        print(f"spdnn {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"spdnn {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout = stdout._stream
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

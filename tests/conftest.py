@@ -143,3 +143,20 @@ def write_random_store(path, *, seed: int = 21, n_images: int = 301, width: int 
         for k in (n_layers, *truth_layers):
             w.add_truth(k, reference_categories(net.truncated(k), rows), "reference")
     return net, rows
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs mounted in ``tmp_path`` (root only; skipped elsewhere), for full disks."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -154,3 +154,32 @@ def test_cuda_without_cupy_gives_the_install_hint(small_store, monkeypatch, caps
     err = capsys.readouterr().err
     assert "pip install 'spdnn_mpi[cuda]'" in err, err
     assert "ModuleNotFoundError" not in err and "Traceback" not in err
+
+
+def _spdnn(*argv, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.Popen([sys.executable, "-m", "spdnn_mpi.cli", *argv], env=env,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.parametrize("command", [["info"], ["infer", "--backend", "cpu", "--quiet"]])
+def test_closed_stdout_pipe_exits_quietly(small_store, command):
+    """`spdnn info s.h5 | head -1` with head gone: a BrokenPipeError traceback before.
+    Now no message and status 141, as for a tool killed by SIGPIPE (what `set -o pipefail`
+    scripts see from `cat big | head -1`)."""
+    path, _, _ = small_store
+    proc = _spdnn(command[0], str(path), *command[1:], stdout=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before anything is written
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (141, "")
+
+
+def test_stdout_on_a_full_device_is_one_line(small_store):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    path, _, _ = small_store
+    with open("/dev/full", "w") as full:
+        proc = _spdnn("info", str(path), stdout=full)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err == "spdnn info: error: cannot write standard output: No space left on device\n"

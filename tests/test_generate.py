@@ -129,3 +129,114 @@ def test_tsv_layout(tmp_path):
     cats = tsv.read_categories(out / "neuron1024-l8-categories.tsv")
     net = Network([radixnet_layer(1024, k, seed=5) for k in range(1, 9)])
     np.testing.assert_array_equal(cats, reference_categories(net, digit_images(1024, 600)))
+
+
+@pytest.mark.parametrize("tsv", [False, True])
+def test_absurd_depth_is_refused_before_writing(tmp_path, capsys, tsv):
+    """10^10 layers of N = 64 need about 61 TB: refused at once, naming the numbers."""
+    out = tmp_path / ("tree" if tsv else "huge.h5")
+    argv = ["generate", "--neurons", "64", "--layers", "10000000000", "--images", "50",
+            "--truth-backend", "none", "--out", str(out), "--quiet"] + (["--tsv"] if tsv else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"needs about [\d.]+ [TP]B of disk, [\d.]+ [MGT]B free in ", err), err
+    assert len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_larger_than_the_free_space_is_refused(tmp_path, capsys, monkeypatch):
+    import collections
+    import shutil
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 5000, 5000))
+    out = tmp_path / "net.h5"
+    assert main(_args(out, "--quiet", "--truth-backend", "none")) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: needs about" in err and "0 MB free in" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_config_too_deep_is_refused(tmp_path, capsys):
+    assert main(["bench", "--config", "64x99999999999999999999", "--images", "50",
+                 "--data-dir", str(tmp_path), "--backend", "cpu", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "needs about" in err and "of disk" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _start_deep_generate(out, *extra):
+    """A `spdnn generate` of N = 64 deep enough to be stopped in the middle of its layers."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "spdnn_mpi.cli", "generate", "--neurons",
+                             "64", "--layers", "50000", "--images", "100", "--truth-layers",
+                             "1", "--quiet", "--out", str(out), *extra],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not any(p.is_file() and p.stat().st_size for p in out.parent.rglob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "nothing written"
+        time.sleep(0.05)
+    time.sleep(0.5)  # layers are being written now
+    return proc
+
+
+@pytest.mark.parametrize("sig,status,word", [("SIGINT", 130, "interrupted"),
+                                             ("SIGTERM", 143, "terminated"),
+                                             ("SIGKILL", -9, None)])
+def test_tsv_tree_left_whole_or_not_at_all_after_a_signal(tmp_path, sig, status, word):
+    import signal
+
+    out = tmp_path / "tree"
+    proc = _start_deep_generate(out, "--tsv")
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err
+    if word:
+        assert err == f"spdnn generate: {word}\n"
+        assert list(tmp_path.iterdir()) == []  # cleaned up
+    assert not out.exists()  # no partial tree under the name asked for
+    # a rerun needs no --force; the killed run's temporaries are removed
+    assert main(["generate", "--neurons", "64", "--layers", "3", "--images", "100",
+                 "--quiet", "--tsv", "--out", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["tree"]
+    assert sorted(p.name for p in out.iterdir()) == ["neuron64", "neuron64-l3-categories.tsv",
+                                                     "sparse-images-64.tsv"]
+
+
+def test_tsv_into_an_existing_folder_interrupted_before_the_categories(tmp_path,
+                                                                     monkeypatch):
+    """Stopped while the truth is computed (layers and images written): the folder
+    shows nothing new, and a rerun needs no --force."""
+    from spdnn_mpi.generators import challenge
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+        yield  # pragma: no cover
+
+    out = tmp_path / "tree"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep\n")
+    argv = ["generate", "--neurons", "64", "--layers", "3", "--images", "100", "--quiet",
+            "--tsv", "--out", str(out)]
+    with monkeypatch.context() as m:
+        m.setattr(challenge, "truth_by_count", interrupted)
+        assert main(argv) == 130
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "mine.txt", "neuron64", "neuron64-l3-categories.tsv", "sparse-images-64.tsv"]
+
+
+def test_store_temporary_removed_after_sigterm(tmp_path):
+    import signal
+
+    proc = _start_deep_generate(tmp_path / "net.h5")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and err == "spdnn generate: terminated\n"
+    assert list(tmp_path.iterdir()) == []

@@ -352,3 +352,187 @@ def test_existing_store_needs_force(tmp_path, capsys):
                  "--force", "--quiet"]) == 0
     with Store(tmp_path / "s.h5") as st:
         assert st.readout == "argmax" and not st.has_inputs
+
+
+def test_onnx_cycle_refused_without_hanging(tmp_path):
+    """A Relu writing the graph's input made the chain walk loop forever, memory growing."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(21)
+    model = onnx_mlp(random_mlp(rng, [8, 8, 3]), "gemm")
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    relu.output[0] = "x"  # z0 -> Relu -> x -> Gemm -> z0: a cycle
+    onnx.save(model, tmp_path / "m.onnx")
+    out = tmp_path / "m.h5"
+    run = subprocess.run([sys.executable, "-m", "spdnn_mpi.cli", "import",
+                          str(tmp_path / "m.onnx"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "node 'relu0' (Relu): writes the graph's input 'x'" in run.stderr
+    assert "Traceback" not in run.stderr and not out.exists()
+
+
+def test_onnx_tensor_written_twice_refused(tmp_path, capsys):
+    rng = np.random.default_rng(22)
+    model = onnx_mlp(random_mlp(rng, [8, 8, 3]), "gemm")
+    model.graph.node.append(helper.make_node("Identity", ["B1"], ["r0"], name="again"))
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx",
+             "node 'again' (Identity): writes 'r0', which node 'relu0' (Relu) writes too")
+
+
+@pytest.mark.parametrize("which", ["model", "inputs", "labels"])
+def test_import_never_writes_over_its_inputs(tmp_path, capsys, which):
+    rng = np.random.default_rng(23)
+    save_safetensors(tmp_path / "m.safetensors", random_mlp(rng, [8, 6, 3]))
+    np.save(tmp_path / "x.npy", rng.random((5, 8)).astype(np.float32))
+    np.save(tmp_path / "y.npy", np.array([0, 1, 2, 1, 0]))
+    target = {"model": "m.safetensors", "inputs": "x.npy", "labels": "y.npy"}[which]
+    before = (tmp_path / target).read_bytes()
+    assert main(["import", str(tmp_path / "m.safetensors"), "--out", str(tmp_path / target),
+                 "--inputs", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--force", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / target} is the " in err and "refusing to write over an input" in err
+    assert (tmp_path / target).read_bytes() == before
+
+
+def test_import_checks_its_output_before_reading_the_model(tmp_path, capsys, monkeypatch):
+    from spdnn_mpi.formats.models import importer
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was read before --out was checked")
+
+    monkeypatch.setattr(importer, "read_model", never)
+    rng = np.random.default_rng(24)
+    save_safetensors(tmp_path / "m.safetensors", random_mlp(rng, [8, 6, 3]))
+    (tmp_path / "a-file").write_text("not a folder\n")
+    assert main(["import", str(tmp_path / "m.safetensors"), "--out",
+                 str(tmp_path / "a-file" / "s.h5")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_values_beyond_float32_are_one_line_without_a_warning(tmp_path, capsys):
+    """float64 values that overflow float32 printed numpy's RuntimeWarning above the error."""
+    import warnings
+
+    rng = np.random.default_rng(25)
+    w, b, _ = random_mlp(rng, [8, 3])[0]
+    big = w.T.astype(np.float64)
+    big[1, 2] = 1e39
+    safetensors_numpy.save_file({"fc0.weight": big, "fc0.bias": b.astype(np.float64)},
+                                str(tmp_path / "big.safetensors"))
+    save_safetensors(tmp_path / "m.safetensors", [(w, b, "none")])
+    np.save(tmp_path / "x.npy", np.full((2, 8), 1e39))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be an exception here
+        _refused(tmp_path, capsys, tmp_path / "big.safetensors",
+                 "tensor 'fc0.weight': 1 NaN or infinite values as float32")
+        _refused(tmp_path, capsys, tmp_path / "m.safetensors",
+                 "x.npy: NaN or infinite value as float32 at image 1, feature 1",
+                 ["--inputs", str(tmp_path / "x.npy")])
+
+
+@pytest.mark.parametrize("alpha,beta,message", [
+    (float("nan"), 1.0, "node 'gemm0' (Gemm): alpha=nan is not a finite number"),
+    (float("inf"), 1.0, "node 'gemm0' (Gemm): alpha=inf is not a finite number"),
+    (3e38, 1.0, "node 'gemm0' (Gemm): B x alpha: "),
+    (1.0, float("inf"), "node 'gemm0' (Gemm): beta=inf is not a finite number"),
+])
+def test_gemm_scales_making_weights_not_finite_refused(tmp_path, capsys, alpha, beta, message):
+    """Imported with exit 0 before, NaN or inf weights stored (alpha=nan: every reference
+    prediction 0)."""
+    rng = np.random.default_rng(26)
+    model = onnx_mlp(random_mlp(rng, [8, 6, 3]), "gemm")
+    gemm = model.graph.node[0]
+    del gemm.attribute[:]
+    gemm.attribute.extend([helper.make_attribute("alpha", alpha),
+                           helper.make_attribute("beta", beta),
+                           helper.make_attribute("transB", 1)])
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        np.full((6, 8), 2.0, np.float32), "W0"))
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx", message)
+
+
+def test_layer_without_outputs_refused(tmp_path, capsys):
+    """A 16 x 0 weight imported, then `infer` said `n_out is 0`."""
+    safetensors_numpy.save_file({"fc0.weight": np.zeros((0, 16), np.float32),
+                                 "fc0.bias": np.zeros(0, np.float32)},
+                                str(tmp_path / "m.safetensors"))
+    _refused(tmp_path, capsys, tmp_path / "m.safetensors",
+             "layer 'fc0': has 16 inputs and 0 outputs; a layer needs at least one of each")
+    model = onnx_mlp([(np.zeros((16, 0), np.float32), np.zeros(0, np.float32), "none")],
+                     "matmul")
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx",
+             "node 'mm0' (MatMul): has 16 inputs and 0 outputs")
+
+
+def _header_only_safetensors(path, header):
+    import json
+    import struct
+
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(64))
+    return path
+
+
+@pytest.mark.parametrize("header,message", [
+    ({"fc0.weight": [1, 2]}, "tensor 'fc0.weight': header entry is not an object"),
+    ({"fc0.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": ["0", "16"]},
+      "fc0.bias": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}},
+     "tensor 'fc0.weight': data_offsets ['0', '16'] is not two integers"),
+    ({"fc0.weight": {"dtype": "F32", "shape": 4, "data_offsets": [0, 16]}},
+     "tensor 'fc0.weight': shape 4 is not a list of sizes"),
+])
+def test_malformed_safetensors_headers_are_one_line(tmp_path, capsys, header, message):
+    path = _header_only_safetensors(tmp_path / "m.safetensors", header)
+    _refused(tmp_path, capsys, path, message)
+
+
+def test_npz_inputs_are_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(27)
+    save_safetensors(tmp_path / "m.safetensors", random_mlp(rng, [8, 3]))
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 8), np.float32))
+    _refused(tmp_path, capsys, tmp_path / "m.safetensors",
+             "x.npz: a .npz archive, not one array: save the inputs with numpy.save (.npy)",
+             ["--inputs", str(tmp_path / "x.npz")])
+
+
+def test_sparse_initializer_index_out_of_range_is_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(28)
+    model = onnx_mlp(random_mlp(rng, [4, 3]), "gemm")
+    dense = model.graph.initializer[0]
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.array([1.0, 2.0], np.float32), dense.name),
+        numpy_helper.from_array(np.array([0, 100], np.int64), dense.name + "_ids"), [3, 4])
+    model.graph.initializer.remove(dense)
+    model.graph.sparse_initializer.append(sparse)
+    onnx.save(model, tmp_path / "m.onnx")
+    _refused(tmp_path, capsys, tmp_path / "m.onnx",
+             "sparse initializer 'W0': index 100 outside the 12 values of shape (3, 4)")
+
+
+@pytest.mark.parametrize("location,message", [
+    ("w.bin", "external weights of tensor 'W0' not readable"),
+    ("../outside.bin", "external weights of tensor 'W0' not readable"),
+])
+def test_bad_external_data_is_one_line(tmp_path, capsys, location, message):
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    rng = np.random.default_rng(29)
+    model = onnx_mlp(random_mlp(rng, [4, 3]), "gemm")
+    sub = tmp_path / "model"
+    sub.mkdir()
+    convert_model_to_external_data(model, location="w.bin", size_threshold=0)
+    onnx.save(model, sub / "m.onnx")
+    (sub / "w.bin").unlink()  # missing
+    model = onnx.load(sub / "m.onnx", load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    (sub / "m.onnx").write_bytes(model.SerializeToString())
+    (tmp_path / "outside.bin").write_bytes(bytes(64))
+    _refused(tmp_path, capsys, sub / "m.onnx", message)

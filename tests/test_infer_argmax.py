@@ -89,3 +89,29 @@ def test_rates_are_shown_in_a_unit_that_fits():
     assert format_rate(2.5e10) == "25.000 GigaEdges/s"
     assert format_rate(3e7) == "30.000 MegaEdges/s"
     assert format_rate(12.0) == "12 edges/s"
+
+
+@pytest.mark.parametrize("dataset,value,message", [
+    ("labels", 10, "labels: class 10 of image 1 outside 0..9 (the network has 10 outputs)"),
+    ("labels", 10**9, "labels: class 1000000000 of image 1 outside 0..9"),
+    ("predictions/l3", 10, "predictions/l3: class 10 of image 1 outside 0..9"),
+])
+def test_classes_beyond_the_outputs_are_refused(tmp_path, capsys, dataset, value, message):
+    """A label of 10 with 10 classes was scored; a prediction of 10 gave --check FAILED."""
+    classifier_store(tmp_path / "m.h5")
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        f[dataset][0] = value
+    assert main(["infer", str(tmp_path / "m.h5"), "--backend", "cpu", "--check",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'm.h5'}: {message}" in err and len(err.splitlines()) == 1, err
+
+
+def test_schema_2_store_without_readout_is_refused(tmp_path, capsys):
+    """Deleting network@readout ran an argmax store as an `alive` one."""
+    classifier_store(tmp_path / "m.h5")
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        del f["network"].attrs["readout"]
+    assert main(["infer", str(tmp_path / "m.h5"), "--backend", "cpu", "--quiet"]) == 2
+    assert "network: attribute readout missing (schema 2 stores name their readout)" \
+        in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -232,3 +233,105 @@ def test_prepare_never_writes_over_an_input(tmp_path, capsys):
                      "--quiet", *extra]) == 2
         assert "refusing to write over an input" in capsys.readouterr().err
         assert victim.read_bytes() == before
+
+
+def _device(path, minor=3):
+    """A character device with /dev/null's numbers (``minor`` 3: writes succeed and vanish)
+    or /dev/full's (7: writes fail with ENOSPC). Made in a tmp folder, so the real ones
+    are never at risk; needs root."""
+    import stat
+
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    return path
+
+
+def test_device_outputs_are_written_not_replaced(tmp_path, capsys):
+    import stat
+
+    store = make_store(tmp_path / "s.h5")
+    node, other = _device(tmp_path / "null"), _device(tmp_path / "null2")
+    assert main(["infer", str(store), "--quiet", "--backend", "cpu", "--out", str(node),
+                 "--json", str(other)]) == 0
+    assert stat.S_ISCHR(os.stat(node).st_mode) and stat.S_ISCHR(os.stat(other).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "null2", "s.h5"]
+
+
+def test_write_to_a_full_device_is_one_line(tmp_path, capsys):
+    store = make_store(tmp_path / "s.h5")
+    full = _device(tmp_path / "full", minor=7)
+    assert main(["infer", str(store), "--quiet", "--backend", "cpu", "--json", str(full)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"spdnn infer: error: cannot write {full}: No space left on device\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "s.h5"]
+
+
+def test_fifo_output_is_written_through(tmp_path):
+    import threading
+
+    fifo = tmp_path / "cats.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_text_atomic(fifo, "1\n2\n")
+    reader.join(timeout=30)
+    assert got == ["1\n2\n"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cats.fifo"]
+
+
+def test_stores_are_never_written_to_devices(tmp_path, capsys):
+    node = _device(tmp_path / "null")
+    argv = ["generate", "--neurons", "64", "--layers", "2", "--images", "20", "--quiet",
+            "--out", str(node), "--force"]
+    assert main(argv) == 2
+    assert f"--out {node} is a character device, not a regular file" in capsys.readouterr().err
+    with pytest.raises(SpdnnError, match="a character device, not a regular file"):
+        write_random_store(node)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+def _no_space_check(monkeypatch):
+    """Let a write start whatever its estimate, so the disk fills up in the middle."""
+    from spdnn_mpi.util import outputs
+
+    monkeypatch.setattr(outputs, "check_space", lambda *args, **kwargs: None)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_tsv_tree_on_a_full_disk_names_the_output_and_leaves_nothing(small_disk, monkeypatch,
+                                                                     capsys, existing):
+    _no_space_check(monkeypatch)
+    out = small_disk / "tree"
+    if existing:
+        out.mkdir()
+    assert main(["generate", "--neurons", "64", "--layers", "100", "--images", "50", "--quiet",
+                 "--tsv", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"spdnn generate: error: cannot write {re.escape(str(out))}/neuron64/"
+                        r"n64-l\d+\.tsv: No space left on device\n", err), err
+    assert [p.name for p in small_disk.iterdir()] == (["tree"] if existing else [])
+    assert not existing or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("estimate", [True, False])
+def test_demo_on_a_full_disk_leaves_no_cache_folder(small_disk, monkeypatch, capsys, estimate):
+    if not estimate:
+        _no_space_check(monkeypatch)
+    cache = small_disk / "cache" / "spdnn"
+    assert main(["demo", "--images", "300", "--cache-dir", str(cache), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(cache) in err, err
+    assert "of disk" in err if estimate else "No space left on device" in err
+    assert list(small_disk.iterdir()) == []
+
+
+def test_one_device_may_take_several_outputs(tmp_path, capsys):
+    """`--out /dev/null --json /dev/null` is not one output overwriting another."""
+    store = make_store(tmp_path / "s.h5")
+    node = _device(tmp_path / "null")
+    assert main(["infer", str(store), "--quiet", "--backend", "cpu", "--out", str(node),
+                 "--json", str(node)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "s.h5"]

@@ -159,6 +159,13 @@ def _missing_layer(tree):
     return ["--layers", "4"], f"n{N}-l3.tsv: missing layer file"
 
 
+def _layer_file_is_a_directory(tree):
+    path = tree["weights"] / f"n{N}-l2.tsv"
+    path.unlink()
+    path.mkdir()
+    return [], f"n{N}-l2.tsv: is a directory, not a layer file"
+
+
 def _truncated_gzip(tree):
     path = tree["weights"] / f"n{N}-l2.tsv"
     data = gzip.compress(path.read_bytes())
@@ -225,6 +232,21 @@ def _stray_image_id(tree):
                                      "beyond the", "--images 1000000")
 
 
+def _empty_images(tree):
+    """A 0-image store was written; with --categories the refusal blamed the truth file."""
+    path = tree["root"] / "empty.tsv"
+    path.write_text("")
+    return ["--inputs", str(path)], f"{path}: no images (the file has no entry lines)"
+
+
+def _blank_images_with_categories(tree):
+    path = tree["root"] / "blank.tsv"
+    path.write_text("\n\n")
+    truth = tree["root"] / f"neuron{N}-l2-categories.tsv"
+    return ["--inputs", str(path), "--categories", str(truth)], (
+        f"{path}: no images (the file has no entry lines)")
+
+
 def _argument(*argv: str, fragment: str):
     def case(tree):
         return list(argv), fragment
@@ -255,6 +277,10 @@ def _truth_layers_with_no_truth_backend(tree):
         _argument("--clip", "inf", fragment="--clip inf: must be a finite number > 0"),
         _argument("--clip", "0", fragment="--clip 0.0: must be a finite number > 0"),
         _argument("--clip", "-2", fragment="--clip -2.0: must be a finite number > 0"),
+        _argument("--bias", "1e39", fragment="--bias 1e+39: must be a finite number as "
+                                             "float32"),
+        _argument("--clip", "1e39", fragment="--clip 1e+39: must be a finite number > 0 as "
+                                             "float32"),
         _argument("--images", "0", fragment="--images 0: must be at least 1"),
         _argument("--generate-inputs", "--images", "0", fragment="--images 0: must be at least"),
         _argument("--generate-inputs", "--images", "-5", fragment="--images -5: must be at"),
@@ -267,6 +293,7 @@ def _truth_layers_with_no_truth_backend(tree):
         _zero_based,
         _duplicate,
         _missing_layer,
+        _layer_file_is_a_directory,
         _truncated_gzip,
         _other_network,
         _bad_images,
@@ -274,6 +301,8 @@ def _truth_layers_with_no_truth_backend(tree):
         _truth_beyond_layers,
         _truth_beyond_images,
         _unnamed_categories,
+        _empty_images,
+        _blank_images_with_categories,
     ],
 )
 def test_prepare_fails_cleanly(tree, tmp_path, capsys, case):
@@ -427,3 +456,48 @@ def test_formats_never_import_the_generators():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{path.name}: {n}" for n in names if n.startswith("spdnn_mpi.generators")]
     assert not bad, bad
+
+
+def test_unreadable_weights_folder_is_one_line(tree, tmp_path, capsys, monkeypatch):
+    """Listing a folder without read permission raised PermissionError (tests run as root,
+    where permissions do not stop a read: the listing is made to fail instead)."""
+    from pathlib import Path as RealPath
+
+    real_iterdir = RealPath.iterdir
+    weights = tree["weights"]
+
+    def iterdir(self):
+        if self == weights:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(RealPath, "iterdir", iterdir)
+    out = tmp_path / "s.h5"
+    assert main(["prepare", "--weights", str(weights), "--neurons", str(N), "--out", str(out),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"spdnn prepare: error: {weights}: cannot list the folder (Permission " \
+                  "denied)\n"
+    assert not out.exists()
+
+
+def test_categories_and_truth_layers_for_the_same_count_refused(tree, tmp_path, capsys):
+    """Both gave truth for 2 layers: h5py's "name already exists" traceback at the end."""
+    root, out = tree["root"], tmp_path / "s.h5"
+    assert main(["prepare", "--weights", str(tree["weights"]), "--inputs",
+                 str(root / f"sparse-images-{N}.tsv"), "--categories",
+                 str(root / f"neuron{N}-l2-categories.tsv"), "--truth-layers", "2",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--truth-layers 2: truth for 2 layers is given by --categories" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_store_writer_refuses_a_second_truth_for_one_count(tmp_path):
+    layer = Layer.from_coo([0, 1], [1, 0], [1.0, 2.0], 2, 2)
+    with pytest.raises(StoreError, match="truth/l1: stored twice"), \
+            StoreWriter(tmp_path / "s.h5") as writer:
+        writer.add_layer(layer)
+        writer.add_truth(1, np.array([1]), "a")
+        writer.add_truth(1, np.array([1]), "b")
+    assert leftovers(tmp_path) == []

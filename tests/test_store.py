@@ -8,6 +8,7 @@ these segfaulted the CPU kernel or gave wrong categories with a PASSED).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -124,6 +125,23 @@ CASES = {
                    ["network", "attribute n_layers is 0"]),
     "provenance not JSON": (lambda f: f.attrs.__setitem__("provenance", "{oops"),
                             ["provenance is not a JSON object"]),
+    # a 2-D dataset of the right dtype was reported as "dtype uint16, the schema says uint16"
+    "2-D layer indices": (
+        lambda f: replace(f["network/l00001"], "indices",
+                          f["network/l00001/indices"][()].reshape(-1, 1)),
+        ["network/l00001/indices: shape (", "expected one dimension"]),
+    "2-D input pixels": (
+        lambda f: replace(f["inputs"], "indices", f["inputs/indices"][()].reshape(-1, 1)),
+        ["inputs/indices: shape (", "expected one dimension"]),
+    "2-D bias vector": (
+        lambda f: replace(f["network/l00002"], "bias",
+                          f["network/l00002/bias"][()].reshape(-1, 1)),
+        ["network/l00002/bias: shape (48, 1), expected (48,)"]),
+    "2-D truth": (lambda f: replace(f["truth"], "l4", f["truth/l4"][()].reshape(-1, 1)),
+                  ["truth/l4: shape (", "expected one dimension"]),
+    # "store has no network" named neither the group nor the missing attribute
+    "n_layers gone": (lambda f: f["network"].attrs.__delitem__("n_layers"),
+                      ["network: attribute n_layers missing"]),
 }
 
 
@@ -209,3 +227,86 @@ def test_store_api_raises_store_error(store):
         s.layer(0)
         with pytest.raises(StoreError, match="l00003/indices"):
             s.network()
+
+
+@pytest.mark.parametrize("command", [["info"], ["infer", "--quiet", "--backend", "cpu"],
+                                     ["bench", "--quiet", "--backend", "cpu"]])
+def test_fifo_store_is_refused_not_waited_on(tmp_path, command):
+    """Opening a FIFO blocks until a writer comes: the store must be a regular file."""
+    import os
+
+    fifo = tmp_path / "s.h5"
+    os.mkfifo(fifo)
+    run = subprocess.run([sys.executable, "-m", "spdnn_mpi.cli", command[0], str(fifo),
+                          *command[1:]], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert f"{fifo}: not a regular file (a FIFO), not a store" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def _layer(**change):
+    """A valid 3 -> 2 layer with values and a bias vector, with ``change`` applied."""
+    from spdnn_mpi.model import Layer
+
+    fields = dict(n_in=3, n_out=2, indptr=np.array([0, 2, 3]),
+                  indices=np.array([0, 2, 1], np.uint16), values=np.array([0.5, -1, 2], np.float32),
+                  uniform_value=None, bias=np.array([-0.1, 0.2], np.float32), clip=None)
+    fields.update(change)
+    return Layer(**fields)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"values": np.array([0.5, np.nan, 2], np.float32)},
+     "network/l00001/values: value nan at position 1 is not finite"),
+    ({"values": np.array([0.5, 1e39, 2])}, "network/l00001/values: value inf at position 1"),
+    ({"values": None, "uniform_value": 1e39},
+     "network/l00001: attribute uniform_value is inf, expected a finite number"),
+    ({"bias": np.array([np.inf, 0], np.float32)}, "network/l00001/bias: value inf at position 0"),
+    ({"bias": 1e39}, "network/l00001: attribute bias is inf, expected a finite number"),
+    ({"clip": 1e39}, "network/l00001: attribute clip is inf, expected a finite number > 0"),
+    ({"clip": 0.0}, "network/l00001: attribute clip is 0.0, expected a finite number > 0"),
+    ({"n_out": 0, "indptr": np.array([0]), "indices": np.zeros(0, np.uint16),
+      "values": np.zeros(0, np.float32), "bias": np.zeros(0, np.float32)},
+     "network/l00001: attribute n_out is 0, expected >= 1"),
+    ({"indices": np.array([0, 3, 1], np.uint16)},
+     "network/l00001/indices: id 3 at position 1 outside [0, 3)"),
+    ({"indices": np.array([0, 65539, 1])},
+     "network/l00001/indices: id 65539 at position 1 outside [0, 3)"),
+    ({"indptr": np.array([0, 2, 1]), "indices": np.array([0], np.uint16),
+      "values": np.array([0.5], np.float32)},
+     "network/l00001/indptr: decreases at entry 2 (2 then 1)"),
+])
+def test_writer_refuses_what_the_reader_refuses(tmp_path, change, message):
+    """The writer runs the reader's checks before it writes a layer: no store it writes is
+    refused when read (NaN weights from Gemm alpha=nan imported with exit 0)."""
+    out = tmp_path / "s.h5"
+    with pytest.raises(StoreError) as info, StoreWriter(out) as w:
+        w.add_layer(_layer(**change))
+    assert f"{out}: {message}" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_checks_inputs_and_truth_like_the_reader(tmp_path):
+    from spdnn_mpi.model import SparseRows
+
+    out = tmp_path / "s.h5"
+    nan_rows = SparseRows(3, np.array([0, 1, 2]), np.array([0, 2], np.uint16),
+                          np.array([1.0, np.nan], np.float32))
+    wide_rows = SparseRows(3, np.array([0, 1, 2]), np.array([0, 70000]))
+    for rows, message in ((nan_rows, "inputs/values: value nan at position 1 is not finite"),
+                          (wide_rows, "inputs/indices: id 70000 at position 1 outside [0, 3)")):
+        with pytest.raises(StoreError, match=re.escape(f"{out}: {message}")), \
+                StoreWriter(out) as w:
+            w.add_layer(_layer())
+            w.write_inputs(rows)
+    good = SparseRows(3, np.array([0, 1, 2]), np.array([0, 2], np.uint16))
+    with pytest.raises(StoreError, match=re.escape(f"{out}: truth/l1: ids not strictly "
+                                                   "increasing")), StoreWriter(out) as w:
+        w.add_layer(_layer())
+        w.write_inputs(good)
+        w.add_truth(1, np.array([2, 1]), "test")
+    with pytest.raises(StoreError, match=re.escape(f"{out}: inputs: n_cols 3 but layer 1 "
+                                                   "has 4 inputs")), StoreWriter(out) as w:
+        w.write_inputs(good)
+        w.add_layer(_layer(n_in=4))
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -96,3 +98,20 @@ def test_labels_must_match_the_inputs(tmp_path):
     assert not (tmp_path / "x.h5").exists()
     with pytest.raises(StoreError, match="readout 'best'"):
         StoreWriter(tmp_path / "y.h5", readout="best")
+
+
+def test_writer_refuses_classes_beyond_the_outputs(tmp_path):
+    rng = np.random.default_rng(4)
+    net = random_network(rng, [8, 3], 0.5)
+    for write, message in ((lambda w: w.write_labels(np.array([0, 1, 3, 0, 0])),
+                            "labels: class 3 of image 3 outside 0..2"),
+                           (lambda w: w.add_predictions(1, np.array([0, -1, 0, 0, 0]), "t"),
+                            "predictions/l1: class -1 of image 2 outside 0..2"),
+                           (lambda w: w.add_predictions(2, np.zeros(5, np.int64), "t"),
+                            "predictions/l2: for 2 layers, the store has 1")):
+        with pytest.raises(StoreError, match=re.escape(message)):
+            with StoreWriter(tmp_path / "x.h5", readout="argmax") as w:
+                w.add_layer(net.layers[0])
+                w.write_inputs(random_inputs(rng, 5, 8))
+                write(w)
+    assert list(tmp_path.iterdir()) == []

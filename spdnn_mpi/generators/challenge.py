@@ -5,7 +5,8 @@ The network is a seeded RadiX-Net shaped like the real one
 challenge's (``generators.digits``), the truth the surviving image ids after
 each requested layer count, computed by a truth backend (``spdnn_mpi.truth``).
 Output is one HDF5 store, written atomically with layers streamed in one at a
-time, or the official TSV layout in a directory.
+time, or the official TSV layout in a directory, built under a temporary
+name and moved into place when complete (``util.atomic.atomic_tree``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,57 @@ def _reporting(layers: Iterable, total: int, emit: Emit | None, keep: list,
         progress(k, f"written, {edges / dt / 1e6:.0f} M edges/s")
 
 
+#: Fraction of the pixels on in the digit images, a little above what was measured
+#: (0.088 at N = 64, 0.098 at 256, 0.102 from 1024 on, 2000 images, default threshold).
+INPUT_DENSITY = 0.11
+#: Bytes of HDF5 metadata per stored layer (group and attributes; about 2 KB measured).
+LAYER_OVERHEAD = 2048
+#: TSV lines formatted at once by the writer (``formats.tsv.write``).
+TSV_BLOCK = 1 << 22
+
+
+def output_bytes(neurons: int, layers: int, images: int, n_truth: int, tsv: bool) -> int:
+    """About how many bytes the store (or with ``tsv`` the TSV tree) of this request takes.
+
+    Layers: 32 N indices each (TSV: a line ``i<TAB>j<TAB>6.250000e-02`` per
+    edge); inputs: ``INPUT_DENSITY`` of images x N pixels; truth: at most one
+    id per image for each of ``n_truth`` layer counts.
+    """
+    from spdnn_mpi.generators.radixnet import DEGREE
+
+    edges = DEGREE * neurons * layers
+    pixels = int(INPUT_DENSITY * images * neurons)
+    index = 2 if neurons <= 65536 else 4
+    if tsv:
+        digits_n, digits_i = len(str(neurons)), len(str(images))
+        return (edges * (2 * digits_n + 15) + pixels * (digits_i + digits_n + 4)
+                + n_truth * images * (digits_i + 1))
+    return (edges * index + layers * LAYER_OVERHEAD + pixels * index + 8 * (images + 1)
+            + n_truth * 8 * images + (1 << 16))
+
+
+def generation_bytes(neurons: int, images: int, tsv: bool) -> int:
+    """Host memory generating takes besides the truth: the inputs, two layers in flight
+    and, for TSV, a block of formatted lines."""
+    index = 2 if neurons <= 65536 else 4
+    inputs = int(INPUT_DENSITY * images * neurons) * index + 8 * (images + 1)
+    lines = TSV_BLOCK * (2 * len(str(neurons)) + 16) if tsv else 0
+    return inputs + 2 * kept_layer_bytes(neurons) + lines
+
+
+def check_size(path: Path, neurons: int, layers: int, images: int, n_truth: int,
+               tsv: bool) -> None:
+    """Refuse at once a request whose output cannot fit on the disk or whose generation
+    cannot fit in memory, naming the numbers (not hours later, or never, at 10^10 layers)."""
+    from spdnn_mpi.util.memory import require
+    from spdnn_mpi.util.outputs import check_space
+
+    check_space(path, output_bytes(neurons, layers, images, n_truth, tsv), "--out")
+    require(generation_bytes(neurons, images, tsv),
+            f"generating N = {neurons} with {images} images",
+            "use fewer --images or a smaller --neurons")
+
+
 def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list[int]:
     wanted = [layers] if truth_layers is None else sorted({int(t) for t in truth_layers})
     bad = [t for t in wanted if not 1 <= t <= layers]
@@ -53,13 +105,13 @@ def _check_truth_layers(truth_layers: Sequence[int] | None, layers: int) -> list
 def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bool,
                mnist_dir: str | os.PathLike | None) -> None:
     """Refuse an output that exists (unless ``force``), cannot be written, or is an input."""
-    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.outputs import check_output, check_outputs
 
     inputs = {}
     if mnist_dir is not None and Path(mnist_dir).is_dir():
         inputs = {f"an input in --mnist-dir {mnist_dir}": p for p in Path(mnist_dir).iterdir()}
     if not tsv:
-        check_output(path, "--out", inputs=inputs, force=force)
+        check_outputs({"--out": path}, inputs, force=force, regular=True)
         return
     check_output(path, "--out", inputs=inputs, directory=True)
     names = [f"neuron{neurons}", f"sparse-images-{neurons}.tsv"]
@@ -117,6 +169,7 @@ def generate_store(
     truth_name, truth_fn = resolve_truth_backend(truth_backend)
     wanted = _check_truth_layers(truth_layers, layers) if truth_fn is not None else []
     _check_out(Path(path), neurons, wanted, tsv, force, mnist_dir)
+    check_size(Path(path), neurons, layers, images, len(wanted), tsv)
     if wanted:  # before hours of layers, not after: the kept layers count too
         check_truth_memory(truth_name, truth_fn, images, neurons,
                            extra=max(wanted) * kept_layer_bytes(neurons))
@@ -162,11 +215,12 @@ def generate_store(
 
     if tsv:
         from spdnn_mpi.formats.tsv.write import write_categories, write_tree
+        from spdnn_mpi.util.atomic import atomic_tree
 
-        out_dir = Path(path)
-        write_tree(out_dir, stream, rows)
-        for n, ids in compute_truth():
-            write_categories(out_dir / f"neuron{neurons}-l{n}-categories.tsv", ids)
+        with atomic_tree(path) as out_dir:  # the whole tree appears at once, or nothing
+            write_tree(out_dir, stream, rows)
+            for n, ids in compute_truth():
+                write_categories(out_dir / f"neuron{neurons}-l{n}-categories.tsv", ids)
     else:
         from spdnn_mpi.formats.store.reader import StoreWriter
 

@@ -5,6 +5,11 @@ killed while writing (kill -9, a node crash) cannot remove its own, so each
 new write of ``NAME`` first removes the temporaries of ``NAME`` left by dead
 processes of this host. A failed write (disk full, no permission, a
 read-only file system) is a one-line :class:`SpdnnError` naming the output.
+
+An output that is a character device or a FIFO (``--out /dev/null``, a
+named pipe) is written directly, as a shell redirection would: renaming a
+file over it would replace the device (as root, the system's /dev/null).
+Anything else that is not a regular file is refused.
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from spdnn_mpi.errors import SpdnnError
+
+#: Name of the staging folder :func:`atomic_tree` makes inside an existing folder.
+STAGING = "spdnn-staging"
+#: A temporary's name: ``.NAME.tmp-HOST-PID-XXXX`` (HOST as ``_host`` writes it).
+_TEMPORARY = re.compile(r"^\.(.+)\.tmp-[A-Za-z0-9._]+-\d+-[A-Za-z0-9_]+$")
 
 
 def _host() -> str:
@@ -62,8 +73,25 @@ def remove_stale_temporaries(final: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def shown_path(path: str | os.PathLike) -> Path:
+    """``path`` as the user knows it: each temporary ``.NAME.tmp-HOST-PID-XXXX`` in it
+    named ``NAME`` (a staging folder of :func:`atomic_tree` left out)."""
+    parts = []
+    for part in Path(path).parts:
+        m = _TEMPORARY.match(part)
+        if m and m.group(1) == STAGING:
+            continue
+        parts.append(m.group(1) if m else part)
+    return Path(*parts) if parts else Path(path)
+
+
 def write_error(final: str | os.PathLike, exc: BaseException) -> SpdnnError:
-    """A one-line SpdnnError for a failed write of ``final`` (errno text when there is one)."""
+    """A one-line SpdnnError for a failed write of ``final`` (errno text when there is one).
+
+    ``final`` is named as the user knows it (:func:`shown_path`): a file
+    written inside a temporary folder is named by where it would have been.
+    """
+    final = shown_path(final)
     text = str(exc)
     m = re.search(r"error message = '([^']*)'", text)  # HDF5's wording of a failed write
     if getattr(exc, "errno", None):
@@ -83,18 +111,66 @@ def _about_output(exc: OSError, paths: tuple[Path, ...]) -> bool:
     return any(name == p or p in name.parents for p in paths)
 
 
-@contextlib.contextmanager
-def atomic_path(final: str | os.PathLike, *, directory: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling of ``final``; rename it onto ``final`` only on success.
-
-    The temporary lives in the same directory so the rename is atomic on POSIX
-    file systems. On any exception (also KeyboardInterrupt) it is removed; an
-    OSError of the write becomes a one-line SpdnnError naming ``final``.
-    """
-    final = Path(final)
-    prefix = f".{final.name}.tmp-{_host()}-{os.getpid()}-"
+def stream_target(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a character device or a FIFO: written directly, never replaced."""
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _check_target(final: Path, directory: bool, stream: bool) -> None:
+    """Refuse an existing ``final`` of a kind this write cannot replace or write through."""
+    from spdnn_mpi.util.outputs import file_kind
+
+    try:
+        mode = os.stat(final).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or (stream and not directory
+                                                     and stream_target(final)):
+        return
+    raise SpdnnError(f"cannot write {final}: it is {file_kind(mode)}, not a regular file")
+
+
+@contextlib.contextmanager
+def _written_through(final: Path) -> Iterator[Path]:
+    """Yield ``final`` itself (a device or FIFO); a failed write is a one-line error."""
+    try:
+        yield final
+    except OSError as exc:
+        if _about_output(exc, (final,)):
+            raise write_error(final, exc) from None
+        raise
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and the folders missing above it; return those created, deepest first."""
+    made = []
+    p = folder
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        made.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove folders made for a write that failed, as long as they are empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _new_temporary(final: Path, directory: bool) -> tuple[Path, list[Path]]:
+    """(a new temporary for ``final``, the folders made for it); stale ones removed first."""
+    prefix = f".{final.name}.tmp-{_host()}-{os.getpid()}-"
+    made: list[Path] = []
+    try:
+        made = _make_parents(final.parent)
         remove_stale_temporaries(final)
         if directory:
             tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
@@ -103,22 +179,84 @@ def atomic_path(final: str | os.PathLike, *, directory: bool = False) -> Iterato
             os.close(fd)
             tmp = Path(name)
     except OSError as exc:
+        _remove_made(made)
         raise write_error(final, exc) from None
     # mkstemp/mkdtemp create owner-only entries; give the usual umask-based modes
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
+    return tmp, made
+
+
+def _drop(tmp: Path, made: list[Path]) -> None:
+    """Remove a temporary (file or folder) and the folders made for it."""
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _remove_made(made)
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike, *, directory: bool = False,
+                stream: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling of ``final``; rename it onto ``final`` only on success.
+
+    The temporary lives in the same directory so the rename is atomic on POSIX
+    file systems. On any exception (also KeyboardInterrupt) it is removed, and
+    so are the folders made for it; an OSError of the write becomes a one-line
+    SpdnnError naming ``final``.
+    With ``stream`` (files only), a ``final`` that is a character device or a
+    FIFO is yielded itself and written directly; without it (an HDF5 store,
+    which seeks and reads back) such a ``final`` is refused.
+    """
+    final = Path(final)
+    _check_target(final, directory, stream)
+    if stream and not directory and stream_target(final):
+        with _written_through(final) as target:
+            yield target
+        return
+    tmp, made = _new_temporary(final, directory)
     try:
         yield tmp
         if directory and final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException as exc:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+        _drop(tmp, made)
+        if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
+            raise write_error(final, exc) from None
+        raise
+
+
+@contextlib.contextmanager
+def atomic_tree(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder whose entries appear in ``final`` only on success.
+
+    A ``final`` that does not exist is the temporary renamed, in one step. An
+    existing one keeps what else it holds: the temporary is made inside it
+    (``.spdnn-staging.tmp-HOST-PID-XXXX``, the same file system) and its
+    entries are renamed into place at the end, each replacing one of its
+    name. Interrupted, nothing new shows in ``final``; a killed process's
+    staging folder is removed by the next write of ``final``.
+    """
+    final = Path(final)
+    if not final.is_dir():
+        with atomic_path(final, directory=True) as tmp:
+            yield tmp
+        return
+    tmp, made = _new_temporary(final / STAGING, directory=True)
+    try:
+        yield tmp
+        for entry in sorted(tmp.iterdir(), key=lambda p: p.lstat().st_mtime_ns):
+            target = final / entry.name
+            if target.is_dir() and not target.is_symlink():
+                target.rename(tmp / f".replaced-{entry.name}")  # dropped with the staging
+            os.replace(entry, target)
+        shutil.rmtree(tmp)
+    except BaseException as exc:
+        _drop(tmp, made)
         if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
             raise write_error(final, exc) from None
         raise

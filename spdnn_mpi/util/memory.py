@@ -61,7 +61,12 @@ def peak_host_bytes() -> dict[str, int]:
 
 
 def format_bytes(n: float) -> str:
-    """``1.23 GB`` / ``456 MB``: decimal units, as the docs quote them."""
+    """``1.23 GB`` / ``456 MB`` (``61.4 TB``, ``6.1e+08 PB`` beyond): decimal units, as the
+    docs quote them."""
+    if n >= 1e15:
+        return f"{n / 1e15:.3g} PB"
+    if n >= 1e12:
+        return f"{n / 1e12:.3g} TB"
     if n >= GB:
         return f"{n / GB:.2f} GB"
     return f"{n / 1e6:.0f} MB"

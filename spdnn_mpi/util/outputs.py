@@ -10,6 +10,8 @@ file is created and removed in its directory).
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +19,16 @@ from pathlib import Path
 from spdnn_mpi.errors import SpdnnError
 
 PathLike = str | os.PathLike
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, from its ``st_mode``: "a FIFO", ..."""
+    for test, words in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return words
+    return "not a regular file"
 
 
 def same_path(a: PathLike, b: PathLike) -> bool:
@@ -37,17 +49,23 @@ def check_output(
     inputs: Mapping[str, PathLike | None] | None = None,
     force: bool = True,
     directory: bool = False,
+    regular: bool = False,
 ) -> Path:
     """Refuse ``path`` (given as ``option``) unless it may be written; returns it as a Path.
 
     ``inputs`` maps a description ("the store") to each input path of the
     command; ``force`` False refuses an existing ``path``; ``directory`` says
     the output is a directory (an existing one is fine when ``force``).
+    An existing character device or FIFO is written directly (see
+    ``util.atomic``), unless ``regular`` says the output must be a regular
+    file (a store: HDF5 seeks and reads back); other kinds are refused.
     """
     path = Path(path)
     for what, source in (inputs or {}).items():
         if source is not None and same_path(path, source):
             raise SpdnnError(f"{option} {path} is {what}: refusing to write over an input")
+    if _check_special(path, option, regular or directory):
+        return path
     if path.exists() or path.is_symlink():
         if path.is_dir() and not directory:
             raise SpdnnError(f"{option} {path} is a directory")
@@ -57,6 +75,29 @@ def check_output(
             raise SpdnnError(f"{option} {path} exists; pass --force to replace it")
     _check_writable(path, option)
     return path
+
+
+def _is_char_device(path: PathLike) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _check_special(path: Path, option: str, regular: bool) -> bool:
+    """True for an output written directly (a device or FIFO that may be opened for
+    writing); refuses other kinds that are not regular files or folders."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return False
+    if regular or not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        raise SpdnnError(f"{option} {path} is {file_kind(mode)}, not a regular file")
+    if not os.access(path, os.W_OK):
+        raise SpdnnError(f"{option} {path}: no permission to write")
+    return True
 
 
 def _check_writable(path: Path, option: str) -> None:
@@ -82,10 +123,61 @@ def _check_writable(path: Path, option: str) -> None:
     os.unlink(probe)
 
 
+def check_outputs(
+    outputs: Mapping[str, PathLike | None],
+    inputs: Mapping[str, PathLike | None] | None = None,
+    *,
+    force: bool = True,
+    regular: bool = False,
+) -> None:
+    """The one check of a command's outputs, made before it reads anything long.
+
+    ``outputs`` maps each option to its path (None: not given): no two the
+    same file, none one of ``inputs`` (never, even with ``force``), each
+    writable; ``regular`` for stores; see :func:`check_output`.
+    """
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path is not None:
+            check_output(path, option, inputs=inputs, force=force, regular=regular)
+
+
 def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:
-    """Refuse two options naming the same output file (one would overwrite the other)."""
+    """Refuse two options naming the same output file (one would overwrite the other).
+
+    A character device (``/dev/null``) may take several: each is written to it
+    directly, and none replaces another.
+    """
     given = [(k, v) for k, v in outputs.items() if v is not None]
     for i, (name_a, a) in enumerate(given):
         for name_b, b in given[i + 1 :]:
-            if same_path(a, b):
+            if same_path(a, b) and not _is_char_device(a):
                 raise SpdnnError(f"{name_a} and {name_b} are the same file {a}")
+
+
+def _existing_folder(path: Path) -> Path:
+    """``path`` if it is a folder, else the nearest existing folder above it."""
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def check_space(path: PathLike, need: int, option: str = "--out") -> None:
+    """Refuse an output of about ``need`` bytes when its file system has less free.
+
+    Made before the long part starts: a run that fills the disk hours in has
+    wasted the hours (and, for other users, the disk).
+    """
+    from spdnn_mpi.util.memory import format_bytes
+
+    path = Path(path)
+    folder = _existing_folder(path)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return  # unknown: the write itself reports a full disk
+    if need > free:
+        raise SpdnnError(f"{option} {path}: needs about {format_bytes(need)} of disk, "
+                         f"{format_bytes(free)} free in {folder}")
+

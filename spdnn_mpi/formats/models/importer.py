@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError, SpdnnError
-from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity
+from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity, to_float32
 from spdnn_mpi.model import Network, SparseRows
+from spdnn_mpi.util.outputs import check_outputs
 
 FORMATS = ("onnx", "safetensors")
 
@@ -69,12 +70,12 @@ def load_inputs(path: str | os.PathLike | np.ndarray, n_features: int) -> Sparse
     if x.shape[1] != n_features:
         raise InputFormatError(path, None, f"{x.shape[1]} features per image, the model "
                                            f"takes {n_features}")
-    x = x.astype(np.float32)
+    x = to_float32(x)
     bad = ~np.isfinite(x)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise InputFormatError(path, None, f"NaN or infinite value at image {r + 1}, "
-                                           f"feature {c + 1}")
+        raise InputFormatError(path, None, f"NaN or infinite value as float32 at image "
+                                           f"{r + 1}, feature {c + 1}")
     return SparseRows.from_dense(x)  # values kept (stored as binary only when all are 1)
 
 
@@ -96,11 +97,16 @@ def load_labels(path: str | os.PathLike | np.ndarray, n_images: int,
 
 def _load_npy(path: str | os.PathLike) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise InputFormatError(path, None, "no such file") from None
     except (OSError, ValueError, EOFError) as exc:
         raise InputFormatError(path, None, f"not a readable .npy array ({exc})") from None
+    if not isinstance(data, np.ndarray):  # np.load gives an NpzFile for .npz archives
+        data.close()
+        raise InputFormatError(path, None, "a .npz archive, not one array: save the inputs "
+                                           "with numpy.save (.npy)")
+    return data
 
 
 def file_digest(path: Path) -> str:
@@ -134,10 +140,10 @@ def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
     from spdnn_mpi.reference import reference_predictions
 
     model, out = Path(model), Path(out)
-    if out.exists() and not force:
-        raise SpdnnError(f"{out} exists; pass --force to replace it")
-    if out.is_dir():
-        raise SpdnnError(f"{out} is a directory")
+    sources = {"the model": model, "the --inputs file": inputs, "the --labels file": labels}
+    check_outputs({"--out": out}, {what: path for what, path in sources.items()
+                                   if not isinstance(path, np.ndarray)}, force=force,
+                  regular=True)
     if labels is not None and inputs is None:
         raise SpdnnError("--labels needs --inputs (one label per input image)")
     dense, info = read_model(model, layer_order, activations)

@@ -38,17 +38,25 @@ class DenseLayer:
         return int(self.weight.shape[1])
 
 
+def to_float32(array: np.ndarray) -> np.ndarray:
+    """``array`` cast to float32 silently: a value beyond float32's range becomes inf,
+    which the caller's finiteness check refuses in one line (numpy's RuntimeWarning
+    would print a source line above it)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(array).astype(np.float32)
+
+
 def as_float32(path: str | os.PathLike, where: str, array: np.ndarray) -> np.ndarray:
-    """``array`` as float32, refusing non-float types and NaN or infinite values."""
+    """``array`` as float32, refusing non-float types and values not finite as float32."""
     array = np.asarray(array)
     if not np.issubdtype(array.dtype, np.floating):
         raise ModelFormatError(path, where, f"values of type {array.dtype}, expected floats")
-    out = array.astype(np.float32)
+    out = to_float32(array)
     bad = ~np.isfinite(out)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ModelFormatError(path, where, f"{int(bad.sum())} NaN or infinite values "
-                                            f"(first at index {first})")
+        raise ModelFormatError(path, where, f"{int(bad.sum())} NaN or infinite values as "
+                                            f"float32 (first at index {first})")
     return out
 
 
@@ -62,6 +70,10 @@ def check_chain(path: str | os.PathLike, layers: list[DenseLayer],
         if layer.weight.ndim != 2:
             raise ModelFormatError(path, layer.name, f"weight has shape {layer.weight.shape}, "
                                                      "expected 2 dimensions")
+        if layer.n_in < 1 or layer.n_out < 1:
+            raise ModelFormatError(path, layer.name, f"has {layer.n_in} inputs and "
+                                                     f"{layer.n_out} outputs; a layer needs "
+                                                     "at least one of each")
         if layer.bias.shape != (layer.n_out,):
             raise ModelFormatError(path, layer.name, f"bias has shape {layer.bias.shape}, "
                                                      f"expected ({layer.n_out},)")

@@ -57,14 +57,30 @@ def load_model_proto(path: str | os.PathLike):
         raise ModelFormatError(path, None, f"not an ONNX model ({type(exc).__name__})") from None
     if not model.graph.node:
         raise ModelFormatError(path, None, "not an ONNX model (its graph has no nodes)")
-    if any(t.data_location == 1 for t in model.graph.initializer):  # EXTERNAL
-        from onnx.external_data_helper import load_external_data_for_model
-
-        try:
-            load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as exc:
-            raise ModelFormatError(path, None, f"external weights not readable ({exc})") from None
+    _load_external_data(path, model)
     return model
+
+
+def _load_external_data(path: Path, model) -> None:
+    """Read the weights stored beside the model (external data), naming a tensor whose
+    file is missing, unreadable or outside the model's folder."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    graph = model.graph
+    tensors = list(graph.initializer)
+    tensors += [t for sp in graph.sparse_initializer for t in (sp.values, sp.indices)]
+    tensors += [a.t for node in graph.node for a in node.attribute if a.HasField("t")]
+    for tensor in tensors:
+        if not uses_external_data(tensor):
+            continue
+        try:
+            load_external_data_for_tensor(tensor, str(path.parent))
+        except Exception as exc:  # onnx's ValidationError, OSError, ValueError
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ModelFormatError(path, None, f"external weights of tensor '{tensor.name}' "
+                                               f"not readable ({reason})") from None
+        tensor.data_location = 0  # DEFAULT: the data is in the tensor now
+        del tensor.external_data[:]
 
 
 class _Graph:
@@ -76,7 +92,7 @@ class _Graph:
         graph = model.graph
         self.const: dict[str, np.ndarray] = {t.name: nh.to_array(t) for t in graph.initializer}
         for sp in graph.sparse_initializer:
-            self.const[sp.values.name] = _sparse_to_dense(sp, nh)
+            self.const[sp.values.name] = _sparse_to_dense(path, sp, nh)
         self.nodes = list(graph.node)
         for node in self.nodes:
             if node.op_type == "Constant":
@@ -96,6 +112,30 @@ class _Graph:
                                                "an MLP has one")
         self.input = inputs[0]
         self.outputs = {o.name for o in graph.output}
+        self._check_single_writers({t.name for t in graph.initializer})
+
+    def _check_single_writers(self, stored: set[str]) -> None:
+        """Refuse a tensor written twice, or the graph's input or a stored weight written.
+
+        Each tensor having one writer, and the input none, is what makes the
+        walk from the input along consumers end: without it a node writing
+        the input closes a cycle and the walk never stops.
+        """
+        writer: dict[str, object] = {}
+        for node in self.nodes:
+            for name in node.output:
+                if not name:
+                    continue
+                if name == self.input.name:
+                    raise ModelFormatError(self.path, _node_name(node), "writes the graph's "
+                                           f"input '{name}': a cycle, an MLP is one chain")
+                if name in stored:
+                    raise ModelFormatError(self.path, _node_name(node), "writes the stored "
+                                           f"tensor '{name}': an MLP is one chain")
+                if name in writer:
+                    raise ModelFormatError(self.path, _node_name(node), f"writes '{name}', "
+                                           f"which {_node_name(writer[name])} writes too")
+                writer[name] = node
 
     def weight(self, node, index: int, what: str) -> np.ndarray:
         name = node.input[index] if index < len(node.input) else ""
@@ -112,15 +152,29 @@ class _Graph:
         return None
 
 
-def _sparse_to_dense(sp, nh) -> np.ndarray:
-    values = nh.to_array(sp.values)
+def _sparse_to_dense(path: Path, sp, nh) -> np.ndarray:
+    """A sparse initializer as a dense array; indices out of range or not matching the
+    values are refused (numpy would raise IndexError)."""
+    where = f"sparse initializer '{sp.values.name}'"
+    values = nh.to_array(sp.values).reshape(-1)
     indices = nh.to_array(sp.indices).astype(np.int64)
-    dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
-    if indices.ndim == 2:
-        dense[tuple(indices.T)] = values
-    else:
-        dense.reshape(-1)[indices] = values
-    return dense
+    shape = tuple(int(d) for d in sp.dims)
+    size = int(np.prod(shape, dtype=np.int64))
+    if indices.ndim == 2 and indices.shape[1:] == (len(shape),):  # one row of coordinates each
+        flat = (np.ravel_multi_index(tuple(indices.T), shape)
+                if len(indices) and (indices >= 0).all() and (indices < shape).all() else None)
+        if len(indices) and flat is None:
+            raise ModelFormatError(path, where, f"indices outside shape {shape}")
+        indices = flat if flat is not None else np.zeros(0, np.int64)
+    if indices.ndim != 1 or len(indices) != len(values):
+        raise ModelFormatError(path, where, f"{indices.shape} indices for {len(values)} values")
+    bad = np.flatnonzero((indices < 0) | (indices >= size))
+    if len(bad):
+        raise ModelFormatError(path, where, f"index {int(indices[bad[0]])} outside the {size} "
+                                            f"values of shape {shape}")
+    dense = np.zeros(size, dtype=values.dtype)
+    dense[indices] = values
+    return dense.reshape(shape)
 
 
 def _node_name(node) -> str:
@@ -142,6 +196,22 @@ def _bias_vector(path, node, bias: np.ndarray, n_out: int, what: str) -> np.ndar
                                                    f"broadcast to one value per output ({n_out})")
 
 
+def _scale(g: _Graph, node, attrs: dict, name: str) -> np.float32:
+    """Gemm's ``alpha`` or ``beta`` as float32, refused when not finite."""
+    value = float(attrs.get(name, 1.0))
+    if not np.isfinite(value):
+        raise ModelFormatError(g.path, _node_name(node), f"{name}={value} is not a finite "
+                                                         "number")
+    return np.float32(value)
+
+
+def _scaled(g: _Graph, node, array: np.ndarray, scale: np.float32, what: str) -> np.ndarray:
+    """``array * scale`` as contiguous float32, refused where a product is not finite."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(array * scale, dtype=np.float32)
+    return as_float32(g.path, f"{_node_name(node)}: {what}", out)
+
+
 def _gemm(g: _Graph, node) -> DenseLayer:
     a = _attrs(node)
     if a.get("transA", 0):
@@ -151,9 +221,10 @@ def _gemm(g: _Graph, node) -> DenseLayer:
         raise ModelFormatError(g.path, _node_name(node), f"B has shape {w.shape}, expected 2-D")
     if a.get("transB", 0):
         w = w.T
-    w = np.ascontiguousarray(w * np.float32(a.get("alpha", 1.0)), dtype=np.float32)
+    alpha, beta = _scale(g, node, a, "alpha"), _scale(g, node, a, "beta")
+    w = _scaled(g, node, w, alpha, "B x alpha")
     if len(node.input) > 2 and node.input[2]:
-        c = g.weight(node, 2, "C") * np.float32(a.get("beta", 1.0))
+        c = _scaled(g, node, g.weight(node, 2, "C"), beta, "C x beta")
         bias = _bias_vector(g.path, node, c, w.shape[1], "C")
     else:
         bias = np.zeros(w.shape[1], np.float32)
@@ -211,6 +282,8 @@ def read_onnx(path: str | os.PathLike) -> tuple[list[DenseLayer], dict]:
         nodes = g.consumers.get(cur, [])
         if not nodes:
             break
+        if any(id(n) in seen for n in nodes):  # unreachable with one writer per tensor
+            raise ModelFormatError(path, _node_name(nodes[0]), "is reached twice: a cycle")
         if len(nodes) > 1 and not (layers and all(n.op_type in HEAD_OPS + LABEL_OPS
                                                   for n in nodes)):
             names = ", ".join(_node_name(n) for n in nodes)

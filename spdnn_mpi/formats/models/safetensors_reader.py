@@ -48,7 +48,28 @@ def read_header(path: Path) -> dict:
     if not isinstance(header, dict):
         raise ModelFormatError(path, None, "not a safetensors file (header is not an object)")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        _check_entry(path, name, entry)
     return header
+
+
+def _check_entry(path: Path, name: str, entry) -> None:
+    """One tensor's header entry: an object with a dtype, a shape (a list of sizes) and
+    data_offsets (two integers); anything else is a one-line refusal naming the tensor."""
+    where = f"tensor '{name}'"
+    if not isinstance(entry, dict):
+        raise ModelFormatError(path, where, f"header entry is not an object ({entry!r:.60})")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(_size(d) for d in shape):
+        raise ModelFormatError(path, where, f"shape {shape!r:.60} is not a list of sizes")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_size, offsets)):
+        raise ModelFormatError(path, where, f"data_offsets {offsets!r:.60} is not two "
+                                            "integers")
+
+
+def _size(value) -> bool:
+    """True for a JSON integer >= 0 (not a bool, float or string)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _load_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -65,7 +86,7 @@ def _load_tensors(path: Path) -> dict[str, np.ndarray]:
 
 def _layer_names(path: Path, header: dict) -> dict[str, dict[str, str]]:
     """prefix -> {"weight": tensor, "bias": tensor}, in file order."""
-    order = sorted(header, key=lambda name: header[name].get("data_offsets", [0])[0])
+    order = sorted(header, key=lambda name: header[name]["data_offsets"][0])
     layers: dict[str, dict[str, str]] = {}
     for name in order:
         prefix, _, kind = name.rpartition(".")
@@ -77,7 +98,7 @@ def _layer_names(path: Path, header: dict) -> dict[str, dict[str, str]]:
         if dtype not in FLOAT_DTYPES:
             raise ModelFormatError(path, where, f"dtype {dtype} is not supported "
                                                 f"({', '.join(FLOAT_DTYPES)})")
-        shape = header[name].get("shape", [])
+        shape = header[name]["shape"]
         want = 2 if kind == "weight" else 1
         if len(shape) != want:
             what = " (a convolution?)" if kind == "weight" and len(shape) > 2 else ""

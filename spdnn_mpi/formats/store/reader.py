@@ -29,7 +29,7 @@ from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for use
     layer_key,
 )
 from spdnn_mpi.formats.store.writer import StoreWriter  # noqa: F401 - re-exported
-from spdnn_mpi.model import ACTIVATIONS, READOUTS, Layer, Network, SparseRows
+from spdnn_mpi.model import READOUTS, Layer, Network, SparseRows
 
 
 class Store:
@@ -45,10 +45,7 @@ class Store:
         self.path = Path(path)
         self.validate_seconds = 0.0
         self._inputs_meta: tuple[int, int, int] | None = None
-        if not self.path.exists():
-            raise StoreError(f"{self.path}: no such store")
-        if self.path.is_dir():
-            raise StoreError(f"{self.path}: is a directory, not a store")
+        validate.check_store_file(self.path)
         try:
             self._file = h5py.File(self.path, "r")
         except OSError as exc:
@@ -73,9 +70,12 @@ class Store:
             )
         self.schema_version = int(version)
         net = self._file.get("network")
-        if not isinstance(net, h5py.Group) or "n_layers" not in net.attrs:
-            raise StoreError(f"{self.path}: store has no network")
+        if not isinstance(net, h5py.Group):
+            raise StoreError(f"{self.path}: store has no network (group network missing)")
         self.n_layers = validate.integer_attr(f"{self.path}: network", net.attrs, "n_layers", 1)
+        if self.schema_version >= 2 and "readout" not in net.attrs:
+            raise StoreError(f"{self.path}: network: attribute readout missing (schema 2 "
+                             "stores name their readout)")
         self.readout = str(net.attrs.get("readout", "alive"))  # schema 1: the challenge's
         if self.readout not in READOUTS:
             raise StoreError(f"{self.path}: network readout {self.readout!r} is not one of "
@@ -155,46 +155,9 @@ class Store:
         values = self._read(g, "values") if "values" in members else None
         bias_vec = self._read(g, "bias") if "bias" in members else None
         t0 = time.perf_counter()
-        n_in = validate.integer_attr(where, attrs, "n_in", 1)
-        n_out = validate.integer_attr(where, attrs, "n_out", 1)
-        nnz = validate.integer_attr(where, attrs, "nnz", 0)
-        validate.check_indices(where, "indices", indices, n_in)
-        if len(indices) != nnz:
-            raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
-        if indptr is None:
-            degree = validate.integer_attr(where, attrs, "row_degree", 0)
-            if degree * n_out != nnz:
-                raise StoreError(f"{where}: row_degree {degree} x {n_out} rows != nnz {nnz}")
-            indptr = np.arange(n_out + 1, dtype=np.int64) * degree
-        else:
-            validate.check_row_pointer(where, "indptr", indptr, n_out, nnz)
-        if (values is None) != ("uniform_value" in attrs):
-            raise StoreError(f"{where}: needs exactly one of dataset values and "
-                             "attribute uniform_value")
-        uniform = None
-        if values is not None:
-            validate.check_vector(where, "values", values, np.float32, nnz)
-            validate.check_finite(where, "values", values)
-        else:
-            uniform = validate.real_attr(where, attrs, "uniform_value")
-        if bias_vec is not None:
-            if "bias" in attrs:
-                raise StoreError(f"{where}: both a bias dataset and a bias attribute")
-            validate.check_vector(where, "bias", bias_vec, np.float32, n_out)
-            validate.check_finite(where, "bias", bias_vec)
-            bias: float | np.ndarray = bias_vec
-        else:
-            bias = validate.real_attr(where, attrs, "bias") if "bias" in attrs else 0.0
-        clip = validate.clip_attr(where, attrs)
-        activation = str(attrs.get("activation", "relu"))  # schema 1: always ReLU
-        if activation not in ACTIVATIONS:
-            raise StoreError(f"{where}: activation {activation!r} is not one of "
-                             f"{', '.join(ACTIVATIONS)}")
+        layer = validate.check_layer(where, attrs, indices, indptr, values, bias_vec)
         self._timed(t0)
-        try:
-            return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
-        except ValueError as exc:
-            raise StoreError(f"{where}: {exc}") from None
+        return layer
 
     def layer_shapes(self) -> list[tuple[int, int, int]]:
         """(n_in, n_out, nnz) of every layer, read from attributes only."""
@@ -335,16 +298,18 @@ class Store:
         return str(group[key].attrs.get("computed_by", "unknown"))
 
     # -- labels and predictions (argmax readout) ----------------------------
-    def _classes(self, group: h5py.Group, key: str, what: str) -> np.ndarray:
-        """A per-image class vector, validated: integers, one per image, >= 0."""
-        classes = self._read(group, key)
+    def _classes(self, group: h5py.Group, key: str, what: str, n_layers: int) -> np.ndarray:
+        """A per-image class vector, validated: integers, one per image, each below the
+        outputs of layer ``n_layers``."""
         where = f"{self.path}: {group.name[1:] + '/' if group.name != '/' else ''}{key}"
-        if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
-            raise StoreError(f"{where}: {what} must be a vector of integers")
-        if self.has_inputs and len(classes) != self.n_images:
-            raise StoreError(f"{where}: {len(classes)} {what} for {self.n_images} images")
-        if len(classes) and int(classes.min()) < 0:
-            raise StoreError(f"{where}: negative class {int(classes.min())}")
+        if not 1 <= n_layers <= self.n_layers:
+            raise StoreError(f"{where}: for {n_layers} layers, the store has {self.n_layers}")
+        n_classes = validate.integer_attr(f"{self.path}: network/{layer_key(n_layers - 1)}",
+                                          self._layer_group(n_layers - 1).attrs, "n_out", 1)
+        classes = self._read(group, key)
+        whose = "the network" if n_layers == self.n_layers else f"layer {n_layers}"
+        validate.check_classes(where, what, classes, self.n_images if self.has_inputs else None,
+                               n_classes, whose)
         return classes.astype(np.int64)
 
     @property
@@ -353,7 +318,9 @@ class Store:
 
     def labels(self) -> np.ndarray | None:
         """True 0-based class of every image, if stored."""
-        return self._classes(self._file, "labels", "labels") if self.has_labels else None
+        if not self.has_labels:
+            return None
+        return self._classes(self._file, "labels", "labels", self.n_layers)
 
     def _predictions_group(self) -> h5py.Group | None:
         group = self._file.get("predictions")
@@ -374,7 +341,7 @@ class Store:
         key = f"l{n_layers}"
         if group is None or key not in group:
             return None
-        return self._classes(group, key, "predictions")
+        return self._classes(group, key, "predictions", n_layers)
 
     def predictions_source(self, n_layers: int) -> str | None:
         group = self._predictions_group()

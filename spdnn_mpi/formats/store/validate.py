@@ -1,4 +1,4 @@
-"""Checks on the arrays and attributes of a store, made once when they are read.
+"""Checks on a store's file, arrays and attributes, made once when read and before written.
 
 The compute kernels trust their index arrays: an index out of range is a
 segfault or a silently wrong answer, a row pointer that goes backwards reads
@@ -6,17 +6,22 @@ the wrong nonzeros. So every array read from a store passes through here
 before any kernel sees it. Every check is a whole-array NumPy reduction (no
 Python loop over nonzeros); only on the error path is the first bad position
 searched for. A failure is a :class:`StoreError` naming the store and the
-dataset (``where`` carries both, e.g. ``store.h5: network/l00003``).
+dataset (``where`` carries both, e.g. ``store.h5: network/l00003``). The
+writer runs the same checks on what it is about to store.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
 from spdnn_mpi.errors import StoreError
-from spdnn_mpi.model import index_dtype
+from spdnn_mpi.model import ACTIVATIONS, Layer, index_dtype
+from spdnn_mpi.util.outputs import file_kind
 
 
 def is_integer(value) -> bool:
@@ -54,22 +59,34 @@ def real_attr(where: str, attrs: Mapping, name: str) -> float:
 
 
 def clip_attr(where: str, attrs: Mapping) -> float | None:
-    """The ``clip`` attribute: absent (no clip) or a number > 0 (inf allowed: no clip)."""
+    """The ``clip`` attribute: absent (no clip) or a finite number > 0.
+
+    inf is refused: no writer stores it for "no clip" (that is no attribute),
+    and a clip beyond float32's range (``--clip 1e39``) must not silently mean none.
+    """
     if "clip" not in attrs:
         return None
     value = attrs["clip"]
-    if not _is_real(value) or not float(value) > 0:
-        raise StoreError(f"{where}: attribute clip is {shown(value)}, expected a number > 0")
+    if not _is_real(value) or not (np.isfinite(float(value)) and float(value) > 0):
+        raise StoreError(f"{where}: attribute clip is {shown(value)}, expected a finite "
+                         "number > 0")
     return float(value)
 
 
+def check_one_dimension(where: str, name: str, shape: tuple) -> None:
+    """A dataset of ``shape`` is a vector; checked before its dtype, so that a 2-D array
+    of the right dtype is called a shape problem."""
+    if len(shape) != 1:
+        raise StoreError(f"{where}/{name}: shape {tuple(shape)}, expected one dimension")
+
+
 def check_vector(where: str, name: str, array: np.ndarray, dtype, length: int) -> None:
-    """``array`` (dataset ``name``) is one-dimensional, of ``dtype`` exactly, ``length`` long."""
+    """``array`` (dataset ``name``) is one-dimensional, ``length`` long, of ``dtype`` exactly."""
     dtype = np.dtype(dtype)
-    if array.dtype != dtype:
-        raise StoreError(f"{where}/{name}: dtype {array.dtype}, the schema says {dtype}")
     if array.ndim != 1 or array.shape[0] != length:
         raise StoreError(f"{where}/{name}: shape {array.shape}, expected ({length},)")
+    if array.dtype != dtype:
+        raise StoreError(f"{where}/{name}: dtype {array.dtype}, the schema says {dtype}")
 
 
 def check_row_pointer(where: str, name: str, indptr: np.ndarray, n_rows: int, nnz: int,
@@ -91,7 +108,8 @@ def check_row_pointer(where: str, name: str, indptr: np.ndarray, n_rows: int, nn
 
 def check_row_pointer_slice(where: str, name: str, indptr: np.ndarray, total: int) -> None:
     """Part of a row pointer: int64, never decreasing, every value within ``[0, total]``."""
-    if indptr.dtype != np.int64 or indptr.ndim != 1:
+    check_one_dimension(where, name, indptr.shape)
+    if indptr.dtype != np.int64:
         raise StoreError(f"{where}/{name}: dtype {indptr.dtype}, the schema says int64")
     if len(indptr) > 1 and np.diff(indptr).min() < 0:
         k = int(np.flatnonzero(np.diff(indptr) < 0)[0])
@@ -102,10 +120,16 @@ def check_row_pointer_slice(where: str, name: str, indptr: np.ndarray, total: in
                          f"outside [0, {total}]")
 
 
-def check_indices(where: str, name: str, indices: np.ndarray, extent: int) -> None:
-    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range."""
+def check_indices(where: str, name: str, indices: np.ndarray, extent: int,
+                  exact: bool = True) -> None:
+    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range.
+
+    ``exact`` False accepts any integer dtype (a writer checks the ids it is
+    given before casting them to the stored dtype, where they could wrap).
+    """
     dtype = index_dtype(extent)
-    if indices.dtype != dtype or indices.ndim != 1:
+    check_one_dimension(where, name, indices.shape)
+    if (exact and indices.dtype != dtype) or not np.issubdtype(indices.dtype, np.integer):
         raise StoreError(f"{where}/{name}: dtype {indices.dtype}, the schema says {dtype} "
                          f"for ids below {extent}")
     if not len(indices):
@@ -141,7 +165,8 @@ def check_inputs_group(where: str, group, first_n_in: int) -> tuple[int, int, in
         raise StoreError(f"{where}/indptr: {ip.dtype} of shape {ip.shape}, expected int64 "
                          f"of shape ({n_rows + 1},) for n_rows {n_rows}")
     want = index_dtype(n_cols)
-    if ind.dtype != want or len(ind.shape) != 1:
+    check_one_dimension(where, "indices", ind.shape)
+    if ind.dtype != want:
         raise StoreError(f"{where}/indices: dtype {ind.dtype}, the schema says {want} "
                          f"for n_cols {n_cols}")
     nnz = int(ind.shape[0])
@@ -160,7 +185,9 @@ def check_inputs_group(where: str, group, first_n_in: int) -> tuple[int, int, in
 
 def check_truth(where: str, ids: np.ndarray, n_images: int | None) -> None:
     """Truth ids: int64, strictly increasing (sorted, no repeats), 1-based, <= n_images."""
-    if ids.dtype != np.int64 or ids.ndim != 1:
+    if ids.ndim != 1:
+        raise StoreError(f"{where}: shape {ids.shape}, expected one dimension")
+    if ids.dtype != np.int64:
         raise StoreError(f"{where}: dtype {ids.dtype}, the schema says int64")
     if not len(ids):
         return
@@ -169,3 +196,89 @@ def check_truth(where: str, ids: np.ndarray, n_images: int | None) -> None:
     if int(ids[0]) < 1 or (n_images is not None and int(ids[-1]) > n_images):
         raise StoreError(f"{where}: ids {int(ids[0])}..{int(ids[-1])} outside "
                          f"1..{n_images if n_images is not None else 'any'}")
+
+
+def check_classes(where: str, what: str, classes: np.ndarray, n_images: int | None,
+                  n_classes: int, whose: str) -> None:
+    """One class per image (``what``: labels or predictions), each in ``0..n_classes - 1``,
+    ``n_classes`` being the outputs of ``whose`` ("the network", "layer 3")."""
+    if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
+        raise StoreError(f"{where}: {what} must be a vector of integers")
+    if n_images is not None and len(classes) != n_images:
+        raise StoreError(f"{where}: {len(classes)} {what} for {n_images} images")
+    if not len(classes):
+        return
+    low, top = int(classes.min()), int(classes.max())
+    if low < 0 or top >= n_classes:
+        bad = low if low < 0 else top
+        k = int(np.flatnonzero(classes == bad)[0])
+        raise StoreError(f"{where}: class {bad} of image {k + 1} outside 0..{n_classes - 1} "
+                         f"({whose} has {n_classes} outputs)")
+
+
+def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndarray | None,
+                values: np.ndarray | None, bias_vec: np.ndarray | None) -> Layer:
+    """The layer a group's attributes and arrays describe, every rule of the schema checked.
+
+    ``indptr`` None means the ``row_degree`` form, ``values`` None the
+    ``uniform_value`` form, ``bias_vec`` None a scalar (or absent) bias. The
+    reader runs it on what it read and the writer on what it is about to
+    write, so that no writer stores what the reader would refuse.
+    """
+    n_in = integer_attr(where, attrs, "n_in", 1)
+    n_out = integer_attr(where, attrs, "n_out", 1)
+    nnz = integer_attr(where, attrs, "nnz", 0)
+    check_indices(where, "indices", indices, n_in)
+    if len(indices) != nnz:
+        raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
+    if indptr is None:
+        degree = integer_attr(where, attrs, "row_degree", 0)
+        if degree * n_out != nnz:
+            raise StoreError(f"{where}: row_degree {degree} x {n_out} rows != nnz {nnz}")
+        indptr = np.arange(n_out + 1, dtype=np.int64) * degree
+    else:
+        check_row_pointer(where, "indptr", indptr, n_out, nnz)
+    if (values is None) != ("uniform_value" in attrs):
+        raise StoreError(f"{where}: needs exactly one of dataset values and "
+                         "attribute uniform_value")
+    uniform = None
+    if values is not None:
+        check_vector(where, "values", values, np.float32, nnz)
+        check_finite(where, "values", values)
+    else:
+        uniform = real_attr(where, attrs, "uniform_value")
+    if bias_vec is not None:
+        if "bias" in attrs:
+            raise StoreError(f"{where}: both a bias dataset and a bias attribute")
+        check_vector(where, "bias", bias_vec, np.float32, n_out)
+        check_finite(where, "bias", bias_vec)
+        bias: float | np.ndarray = bias_vec
+    else:
+        bias = real_attr(where, attrs, "bias") if "bias" in attrs else 0.0
+    clip = clip_attr(where, attrs)
+    activation = str(attrs.get("activation", "relu"))  # schema 1: always ReLU
+    if activation not in ACTIVATIONS:
+        raise StoreError(f"{where}: activation {activation!r} is not one of "
+                         f"{', '.join(ACTIVATIONS)}")
+    try:
+        return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
+    except ValueError as exc:
+        raise StoreError(f"{where}: {exc}") from None
+
+
+def check_store_file(path: Path) -> None:
+    """Refuse a missing path, a directory, or anything else not a regular file.
+
+    Checked with stat before HDF5 opens it: opening a FIFO blocks until a
+    writer comes, forever if none does.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise StoreError(f"{path}: no such store") from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise StoreError(f"{path}: is a directory, not a store")
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"{path}: not a regular file ({file_kind(mode)}), not a store")

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from spdnn_mpi.errors import StoreError
+from spdnn_mpi.formats.store import validate
 from spdnn_mpi.formats.store.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
 from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
 from spdnn_mpi.util.atomic import atomic_path, write_error
@@ -97,6 +98,36 @@ class _GuardedFile:
             self._fd = -1
 
 
+def _stored_form(where: str, layer: Layer) -> tuple[dict, dict]:
+    """(attributes, datasets) of ``layer`` as the store holds them, checked by the reader's
+    rules; a dataset of None is not written (its attribute form is used)."""
+    indices = np.asarray(layer.indices)
+    validate.check_indices(where, "indices", indices, layer.n_in, exact=False)  # before a cast
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused below
+        attrs: dict = {"n_in": layer.n_in, "n_out": layer.n_out, "nnz": len(indices),
+                       "activation": layer.activation}
+        arrays: dict = {"indices": indices.astype(index_dtype(layer.n_in), copy=False),
+                        "indptr": None, "values": None, "bias": None}
+        degree = layer.row_degree
+        if degree is not None:
+            attrs["row_degree"] = degree
+        else:
+            arrays["indptr"] = np.asarray(layer.indptr, dtype=np.int64)
+        if layer.values is None:
+            attrs["uniform_value"] = np.float32(layer.uniform_value)
+        else:
+            arrays["values"] = np.asarray(layer.values, dtype=np.float32)
+        if layer.bias_is_scalar:
+            attrs["bias"] = np.float32(layer.bias)
+        else:
+            arrays["bias"] = np.asarray(layer.bias, dtype=np.float32)
+        if layer.clip is not None:
+            attrs["clip"] = np.float32(layer.clip)
+    validate.check_layer(where, attrs, arrays["indices"], arrays["indptr"], arrays["values"],
+                         arrays["bias"])
+    return attrs, arrays
+
+
 class StoreWriter:
     """Builds a store under a temporary name; ``close()`` renames it into place.
 
@@ -110,7 +141,7 @@ class StoreWriter:
         if readout not in READOUTS:
             raise StoreError(f"readout {readout!r}; choose from {', '.join(READOUTS)}")
         self.path = Path(path)
-        self._ctx = atomic_path(self.path)
+        self._ctx = atomic_path(self.path, stream=False)  # HDF5 seeks and reads back
         self._tmp = self._ctx.__enter__()
         try:
             self._raw = _GuardedFile(self._tmp)
@@ -128,6 +159,9 @@ class StoreWriter:
         self._n_layers = 0
         self._last_n_out: int | None = None
         self._n_rows: int | None = None
+        self._n_cols: int | None = None
+        self._first_n_in: int | None = None
+        self._n_outs: list[int] = []  # n_out of every layer written, for the class checks
         self._closed = False
 
     # -- content -----------------------------------------------------------
@@ -136,79 +170,106 @@ class StoreWriter:
         self._check_written()
 
     def add_layer(self, layer: Layer) -> None:
-        """Append the next layer (its n_in must equal the previous n_out)."""
+        """Append the next layer (its n_in must equal the previous n_out).
+
+        The layer is checked first by the reader's rules (``validate.check_layer``)
+        on exactly what will be stored, float32 casts done: a value that is not
+        finite as float32, an id out of range or a layer without outputs is
+        refused here, not when the store is read.
+        """
         if self._last_n_out is not None and layer.n_in != self._last_n_out:
             raise StoreError(
                 f"layer {self._n_layers + 1} has {layer.n_in} inputs but the previous "
                 f"layer has {self._last_n_out} outputs"
             )
-        g = self._net.create_group(layer_key(self._n_layers))
-        g.attrs["n_in"] = layer.n_in
-        g.attrs["n_out"] = layer.n_out
-        g.attrs["nnz"] = layer.nnz
-        g.create_dataset("indices", data=np.asarray(layer.indices, dtype=index_dtype(layer.n_in)))
-        degree = layer.row_degree
-        if degree is not None:
-            g.attrs["row_degree"] = degree
-        else:
-            g.create_dataset("indptr", data=np.asarray(layer.indptr, dtype=np.int64))
-        if layer.values is None:
-            g.attrs["uniform_value"] = np.float32(layer.uniform_value)
-        else:
-            g.create_dataset("values", data=np.asarray(layer.values, dtype=np.float32))
-        if layer.bias_is_scalar:
-            g.attrs["bias"] = np.float32(layer.bias)
-        else:
-            g.create_dataset("bias", data=np.asarray(layer.bias, dtype=np.float32))
-        if layer.clip is not None:
-            g.attrs["clip"] = np.float32(layer.clip)
-        g.attrs["activation"] = layer.activation
+        key = layer_key(self._n_layers)
+        attrs, arrays = _stored_form(f"{self.path}: network/{key}", layer)
+        if self._first_n_in is None:
+            self._first_n_in = layer.n_in
+            self._check_widths()
+        g = self._net.create_group(key)
+        g.attrs.update(attrs)
+        for name, data in arrays.items():
+            if data is not None:
+                g.create_dataset(name, data=data)
         self._n_layers += 1
         self._last_n_out = layer.n_out
+        self._n_outs.append(layer.n_out)
         self._net.attrs["n_layers"] = self._n_layers
         self._check_written()
 
     def write_inputs(self, rows: SparseRows) -> None:
-        """Store the input feature rows (values omitted when binary)."""
+        """Store the input feature rows (values omitted when binary), checked by the
+        reader's rules first."""
+        where = f"{self.path}: inputs"
+        indices = np.asarray(rows.indices)
+        validate.check_indices(where, "indices", indices, rows.n_cols, exact=False)
+        indices = indices.astype(index_dtype(rows.n_cols), copy=False)
+        indptr = np.asarray(rows.indptr - rows.indptr[0], dtype=np.int64)
+        validate.check_row_pointer(where, "indptr", indptr, rows.n_rows, len(indices))
+        values = None
+        if rows.values is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                values = np.asarray(rows.values, dtype=np.float32)
+            validate.check_vector(where, "values", values, np.float32, len(indices))
+            validate.check_finite(where, "values", values)
+        self._n_cols = validate.integer_attr(where, {"n_cols": rows.n_cols}, "n_cols", 1)
+        self._check_widths()
         g = self._file.require_group("inputs")
         g.attrs["n_rows"] = rows.n_rows
         g.attrs["n_cols"] = rows.n_cols
-        g.attrs["binary"] = rows.values is None
-        g.create_dataset("indptr", data=np.asarray(rows.indptr - rows.indptr[0], dtype=np.int64))
-        g.create_dataset("indices", data=np.asarray(rows.indices, dtype=index_dtype(rows.n_cols)))
-        if rows.values is not None:
-            g.create_dataset("values", data=np.asarray(rows.values, dtype=np.float32))
+        g.attrs["binary"] = values is None
+        g.create_dataset("indptr", data=indptr)
+        g.create_dataset("indices", data=indices)
+        if values is not None:
+            g.create_dataset("values", data=values)
         self._n_rows = rows.n_rows
         self._check_written()
 
-    def _per_image(self, what: str, data: np.ndarray) -> np.ndarray:
+    def _check_widths(self) -> None:
+        """The inputs' width is layer 1's, whichever of the two was written first."""
+        if self._n_cols is not None and self._first_n_in is not None \
+                and self._n_cols != self._first_n_in:
+            raise StoreError(f"{self.path}: inputs: n_cols {self._n_cols} but layer 1 has "
+                             f"{self._first_n_in} inputs")
+
+    def _per_image(self, what: str, data: np.ndarray, key: str, n_layers: int) -> np.ndarray:
+        """``data`` as int64 classes, checked by the reader's rules: one per image, each
+        below the outputs of layer ``n_layers``."""
+        where = f"{self.path}: {key}"
         data = np.asarray(data)
-        if data.ndim != 1 or not np.issubdtype(data.dtype, np.integer):
-            raise StoreError(f"{self.path}: {what} must be a vector of integers")
         if self._n_rows is None:
-            raise StoreError(f"{self.path}: write the inputs before the {what}")
-        if len(data) != self._n_rows:
-            raise StoreError(f"{self.path}: {len(data)} {what} for {self._n_rows} images")
+            raise StoreError(f"{where}: write the inputs before the {what}")
+        if not 1 <= n_layers <= self._n_layers:
+            raise StoreError(f"{where}: for {n_layers} layers, the store has {self._n_layers}")
+        whose = "the network" if n_layers == self._n_layers else f"layer {n_layers}"
+        validate.check_classes(where, what, data, self._n_rows, self._n_outs[n_layers - 1],
+                               whose)
         return data.astype(np.int64)
 
     def write_labels(self, labels: np.ndarray) -> None:
-        """Store the true class (0-based) of every input image."""
-        self._file.create_dataset("labels", data=self._per_image("labels", labels))
+        """Store the true class (0-based) of every input image (after the last layer)."""
+        self._file.create_dataset("labels", data=self._per_image("labels", labels, "labels",
+                                                                 self._n_layers))
         self._check_written()
 
     def add_predictions(self, n_layers: int, classes: np.ndarray, computed_by: str) -> None:
         """Store the predicted class of every image after ``n_layers`` layers (argmax readout)."""
-        d = self._file.require_group("predictions").create_dataset(
-            f"l{n_layers}", data=self._per_image("predictions", classes))
+        key = f"l{n_layers}"
+        data = self._per_image("predictions", classes, f"predictions/{key}", n_layers)
+        d = self._file.require_group("predictions").create_dataset(key, data=data)
         d.attrs["n_layers"] = n_layers
         d.attrs["computed_by"] = computed_by
         self._check_written()
 
     def add_truth(self, n_layers: int, categories: np.ndarray, computed_by: str) -> None:
         """Store the sorted 1-based ids of the images alive after ``n_layers`` layers."""
-        d = self._file["truth"].create_dataset(
-            f"l{n_layers}", data=np.asarray(categories, dtype=np.int64)
-        )
+        ids = np.asarray(categories, dtype=np.int64)
+        where = f"{self.path}: truth/l{n_layers}"
+        if f"l{n_layers}" in self._file["truth"]:
+            raise StoreError(f"{where}: stored twice (truth for {n_layers} layers given twice)")
+        validate.check_truth(where, ids, self._n_rows)
+        d = self._file["truth"].create_dataset(f"l{n_layers}", data=ids)
         d.attrs["n_layers"] = n_layers
         d.attrs["computed_by"] = computed_by
         self._check_written()

@@ -280,7 +280,7 @@ def read_images(
     then pixel is read in one pass that keeps only the pixel ids; any other
     order (such as pixel-major, as MATLAB's ``find`` writes) is counted in the
     same pass and placed in a second one, so no per-line image id array is
-    ever held.
+    ever held. A file with no entries (empty, or blank lines) is refused.
     """
     path = Path(path)
     bound = MAX_ID if n_rows is None else n_rows
@@ -326,6 +326,8 @@ def read_images(
         counts.add(a)
         done += len(a)
 
+    if done == 0:  # empty, or blank lines only: a store of no images is no input
+        raise InputFormatError(path, None, "no images (the file has no entry lines)")
     if counts is None:
         rr = _concat(run_rows, np.int64)
         rl = _concat(run_lens, np.int64)

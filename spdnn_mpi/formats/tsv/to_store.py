@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from spdnn_mpi.model import SparseRows
 
+import numpy as np
+
 DEFAULT_CLIP = 32.0
 
 
@@ -66,13 +68,13 @@ def prepare_store(
     from spdnn_mpi.formats.tsv import read as tsv
     from spdnn_mpi.formats.tsv import tree as tsv_tree
     from spdnn_mpi.model import challenge_bias
-    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.outputs import check_outputs
     from spdnn_mpi.util.progress import Progress, stderr_lines
 
     weights = Path(weights)
     out = Path(out)
     _check_numbers(bias, clip, n_images)
-    check_output(out, "--out", force=force)
+    check_outputs({"--out": out}, force=force, regular=True)
     if not weights.is_dir():
         raise SpdnnError(f"{weights}: no such weights folder")
     if neurons is None:
@@ -90,7 +92,7 @@ def prepare_store(
     sources = {f"the layer file {p.name}": p for p in layer_files}
     sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
     sources["the --inputs file"] = inputs
-    check_output(out, "--out", inputs=sources, force=force)
+    check_outputs({"--out": out}, sources, force=force, regular=True)
     for n_l in categories:
         if not 1 <= n_l <= n_layers:
             raise SpdnnError(
@@ -114,6 +116,10 @@ def prepare_store(
         raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
     if truth_layers and inputs is None and not generate_inputs:
         raise SpdnnError("--truth-layers needs inputs: --inputs FILE or --generate-inputs")
+    both = sorted(set(truth_layers) & set(categories))
+    if both:
+        raise SpdnnError(f"--truth-layers {both[0]}: truth for {both[0]} layers is given by "
+                         f"--categories {categories[both[0]]}; leave one of them out")
     if truth_layers and truth_backend == "none":
         raise SpdnnError("--truth-backend none computes no truth; drop --truth-layers or "
                          "choose reference or cpu")
@@ -202,6 +208,13 @@ def _check_numbers(bias: float | None, clip: float | None, n_images: int | None)
         raise SpdnnError(f"--bias {bias}: must be a finite number")
     if clip is not None and not (math.isfinite(clip) and clip > 0):
         raise SpdnnError(f"--clip {clip}: must be a finite number > 0 (or --no-clip)")
+    with np.errstate(over="ignore"):  # the store keeps float32: 1e39 would become inf
+        if bias is not None and not np.isfinite(np.float32(bias)):
+            raise SpdnnError(f"--bias {bias}: must be a finite number as float32 "
+                             f"(|bias| < {np.finfo(np.float32).max:.4g})")
+        if clip is not None and not np.isfinite(np.float32(clip)):
+            raise SpdnnError(f"--clip {clip}: must be a finite number > 0 as float32 "
+                             f"(< {np.finfo(np.float32).max:.4g}), or --no-clip")
     if n_images is not None and n_images < 1:
         raise SpdnnError(f"--images {n_images}: must be at least 1")
 

@@ -29,6 +29,9 @@ def layer_path(directory: str | os.PathLike, neurons: int, k: int) -> Path:
     for p in (base, base.with_name(base.name + ".gz")):
         if p.is_file():
             return p
+    for p in (base, base.with_name(base.name + ".gz")):
+        if p.is_dir():
+            raise InputFormatError(p, None, "is a directory, not a layer file")
     raise InputFormatError(base, None, f"missing layer file (no {base.name} or {base.name}.gz)")
 
 
@@ -37,8 +40,13 @@ def layer_files(directory: str | os.PathLike) -> dict[int, dict[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         raise InputFormatError(directory, None, "no such weights folder")
+    try:
+        entries = list(directory.iterdir())
+    except OSError as exc:  # no read permission, an I/O error
+        raise InputFormatError(directory, None, "cannot list the folder "
+                                                f"({exc.strerror or exc})") from None
     found: dict[int, dict[int, Path]] = {}
-    for p in sorted(directory.iterdir(), key=lambda q: q.name.endswith(".gz")):
+    for p in sorted(entries, key=lambda q: q.name.endswith(".gz")):
         m = LAYER_RE.match(p.name)
         if m:
             found.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), p)
