@@ -217,7 +217,7 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     assert plan == (head, per_row, upper, upper if packed.fits_one_copy(upper) else 0)
     key = packed.copy_key(upper)
     assert packed.ensure(upper - 5) is out and packed.allocations == 2  # reused
-    assert packed.copy_key(upper) == key and key[0] == out.data.ptr and key[2] == upper
+    assert packed.copy_key(upper) == key and key[1] == out.data.ptr and key[3] == upper
     out.values[0] = alive
     out.values[head:head + alive * per_row] = 7
     waits: list[str] = []
@@ -233,3 +233,5 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     packed.release()
     assert packed.device is None
     assert packed.ensure(upper) is not out and packed.allocations == 3  # the device array
+    # allocated again, at the same address or not: no graph of the old one is reused
+    assert packed.copy_key(upper) != key

@@ -123,10 +123,14 @@ class PackedResults:
         """Whether ``words`` of results are copied in one piece behind the gather."""
         return words * 4 <= SINGLE_COPY_BYTES
 
-    def copy_key(self, words: int) -> tuple[int, int, int]:
-        """What a graph that ends with ``enqueue_copy(words)`` depends on: both
-        addresses and the size (after ``ensure``)."""
-        return self._device_ptr, self._host_ptr, words
+    def copy_key(self, words: int) -> tuple[int, int, int, int]:
+        """What a graph that ends with the gather and ``enqueue_copy(words)`` depends
+        on (after ``ensure``): which allocation of the buffers, their addresses, the
+        size. The allocation count tells a buffer given back and allocated again at
+        the same address from the one a graph was captured with: a graph whose copy
+        node names freed memory must never be launched (on an H200 it crashed the
+        process inside the graph launch)."""
+        return self.allocations, self._device_ptr, self._host_ptr, words
 
     def enqueue_copy(self, stream: Any, words: int) -> None:
         """Queue the copy of the first ``words`` results to the pinned host buffer
