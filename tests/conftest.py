@@ -160,3 +160,52 @@ def small_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def as_schema_2(path) -> None:
+    """Rewrite a packed (schema 3) store in place as schema 2, one group a layer: the
+    older layout every reader must still accept."""
+    import h5py
+
+    from spdnn_mpi.formats.store.layers import DATASETS, row_attrs, spans
+    from spdnn_mpi.formats.store.schema import layer_key
+
+    with h5py.File(path, "r+") as f:
+        net = f["network"]
+        data = {name: net[name][()] for name in DATASETS if name in net}
+        for k, row in enumerate(net["layers"][()]):
+            g = net.create_group(layer_key(k))
+            g.attrs.update(row_attrs(row))
+            for name, (start, stop) in spans(row).items():
+                key = "indices" if name.startswith("indices") else name
+                g.create_dataset(key, data=data[name][start:stop])
+        for name in ("layers", *data):
+            del net[name]
+        f.attrs["schema_version"] = 2
+
+
+def layer_span(f, layer: int, name: str):
+    """(dataset, start, stop) of 1-based ``layer``'s array ``name`` (indices, indptr,
+    values, bias) in an open packed store."""
+    from spdnn_mpi.formats.store.layers import spans
+
+    row = f["network/layers"][layer - 1]
+    for dataset, (start, stop) in spans(row).items():
+        if dataset == name or (name == "indices" and dataset.startswith("indices")):
+            return f["network"][dataset], start, stop
+    raise KeyError(f"layer {layer} has no {name}")
+
+
+def set_layer_item(f, layer: int, name: str, pos, value) -> None:
+    """Overwrite entry ``pos`` of 1-based ``layer``'s array ``name`` in a packed store."""
+    ds, start, stop = layer_span(f, layer, name)
+    a = ds[start:stop]
+    a[pos] = value
+    ds[start:stop] = a
+
+
+def set_layer_field(f, layer: int, field: str, value) -> None:
+    """Overwrite one field of 1-based ``layer``'s row of a packed store's layer table."""
+    table = f["network/layers"][()]
+    table[layer - 1][field] = value
+    f["network/layers"][...] = table

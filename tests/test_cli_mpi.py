@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import random_inputs, random_network, set_layer_item
 
 from spdnn_mpi.formats.store.reader import StoreWriter
 from spdnn_mpi.reference import reference_categories
@@ -163,7 +163,7 @@ def _damage(path, what: str) -> None:
 
     with h5py.File(path, "r+") as f:
         if what == "weights":
-            f["network/l00004/indices"][3] = 48  # the layers are 48 wide
+            set_layer_item(f, 4, "indices", 3, 48)  # the layers are 48 wide
         elif what == "inputs":
             f["inputs/indices"][0] = 48
         else:

@@ -15,7 +15,14 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import (
+    as_schema_2,
+    layer_span,
+    random_inputs,
+    random_network,
+    set_layer_field,
+    set_layer_item,
+)
 
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import StoreError
@@ -60,7 +67,8 @@ def set_item(group, name, pos, value):
 
 
 # each case: (edit of the open h5py.File, fragments the error must contain)
-CASES = {
+#: Layers kept one group a layer (schema 2, still read).
+GROUP_CASES = {
     "indptr middle 10^9": (lambda f: set_item(f["network/l00002"], "indptr", 5, 10**9),
                            ["network/l00002/indptr", "decreases"]),
     "indptr swapped pair": (
@@ -98,6 +106,77 @@ CASES = {
                         ["network/l00003", "attribute nnz"]),
     "indices dataset gone": (lambda f: f["network/l00004"].__delitem__("indices"),
                              ["network/l00004/indices", "missing"]),
+    "layer group gone": (lambda f: f["network"].__delitem__("l00003"),
+                         ["layer group network/l00003 missing"]),
+    # a 2-D dataset of the right dtype was reported as "dtype uint16, the schema says uint16"
+    "2-D layer indices": (
+        lambda f: replace(f["network/l00001"], "indices",
+                          f["network/l00001/indices"][()].reshape(-1, 1)),
+        ["network/l00001/indices: shape (", "expected one dimension"]),
+    "2-D bias vector": (
+        lambda f: replace(f["network/l00002"], "bias",
+                          f["network/l00002/bias"][()].reshape(-1, 1)),
+        ["network/l00002/bias: shape (48, 1), expected (48,)"]),
+}
+
+#: Layers packed into a few datasets with a table of offsets (schema 3, written now).
+PACKED_CASES = {
+    "indptr middle 10^9": (lambda f: set_layer_item(f, 2, "indptr", 5, 10**9),
+                           ["network/l00002/indptr", "decreases"]),
+    "indptr first not 0": (lambda f: set_layer_item(f, 2, "indptr", 0, 1),
+                           ["network/l00002/indptr", "expected 0"]),
+    "index beyond n_in": (lambda f: set_layer_item(f, 3, "indices", 7, W + 12),
+                          ["network/l00003/indices", f"id {W + 12} at position 7"]),
+    "index uint16 max": (lambda f: set_layer_item(f, 1, "indices", 0, 65535),
+                         ["network/l00001/indices", "65535"]),
+    "indices as int32": (
+        lambda f: replace(f["network"], "indices16",
+                          f["network/indices16"][()].astype(np.int32)),
+        ["network/l00001/indices", "dtype int32", "uint16"]),
+    "2-D indices": (
+        lambda f: replace(f["network"], "indices16",
+                          f["network/indices16"][()].reshape(-1, 1)),
+        ["network/l00001/indices: shape (", "expected one dimension"]),
+    "indices cut short": (
+        lambda f: replace(f["network"], "indices16", f["network/indices16"][:-1]),
+        ["network/l00004", "outside network/indices16"]),
+    "indices dataset gone": (lambda f: f["network"].__delitem__("indices16"),
+                             ["network/l00001", "outside network/indices16"]),
+    "start beyond the data": (lambda f: set_layer_field(f, 3, "indices_start", 10**9),
+                              ["network/l00003", "outside network/indices16"]),
+    "negative start": (lambda f: set_layer_field(f, 2, "values_start", -5),
+                       ["network/l00002", "values entries [-5,"]),
+    "values start gone": (lambda f: set_layer_field(f, 2, "values_start", -1),
+                          ["network/l00002", "uniform_value is nan"]),
+    "bias start gone": (lambda f: set_layer_field(f, 2, "bias_start", -1),
+                        ["network/l00002", "attribute bias is nan"]),
+    "nnz 10^12": (lambda f: set_layer_field(f, 3, "nnz", 10**12),
+                  ["network/l00003", "outside network/indices16"]),
+    "n_out 0": (lambda f: set_layer_field(f, 4, "n_out", 0), ["network/l00004", "n_out"]),
+    "nan weight": (lambda f: set_layer_item(f, 2, "values", 3, np.nan),
+                   ["network/l00002/values", "nan at position 3"]),
+    "inf uniform weight": (lambda f: set_layer_field(f, 1, "uniform_value", np.inf),
+                           ["network/l00001", "uniform_value"]),
+    "nan bias vector": (lambda f: set_layer_item(f, 2, "bias", 0, np.nan),
+                        ["network/l00002/bias", "not finite"]),
+    "inf scalar bias": (lambda f: set_layer_field(f, 1, "bias", np.inf),
+                        ["network/l00001", "attribute bias"]),
+    "nan clip": (lambda f: set_layer_field(f, 1, "clip", np.nan),
+                 ["network/l00001", "attribute clip"]),
+    "unknown activation": (lambda f: set_layer_field(f, 2, "activation", 7),
+                           ["network/l00002", "activation 'code 7'"]),
+    "table of another dtype": (
+        lambda f: replace(f["network"], "layers", np.zeros(4, np.int64)),
+        ["network/layers", "not the schema's layer table"]),
+    "table gone": (lambda f: f["network"].__delitem__("layers"),
+                   ["network/layers", "missing"]),
+    "table shorter than n_layers": (
+        lambda f: replace(f["network"], "layers", f["network/layers"][:3]),
+        ["network/layers has 3 rows, attribute n_layers says 4"]),
+}
+
+#: The rest of a store, the same in both layouts.
+COMMON_CASES = {
     "input pixel beyond n_cols": (lambda f: set_item(f["inputs"], "indices", 11, 5000),
                                   ["inputs/indices", "id 5000 at position 11"]),
     "input pixel 65535": (lambda f: set_item(f["inputs"], "indices", 0, 65535),
@@ -125,29 +204,26 @@ CASES = {
                    ["network", "attribute n_layers is 0"]),
     "provenance not JSON": (lambda f: f.attrs.__setitem__("provenance", "{oops"),
                             ["provenance is not a JSON object"]),
-    # a 2-D dataset of the right dtype was reported as "dtype uint16, the schema says uint16"
-    "2-D layer indices": (
-        lambda f: replace(f["network/l00001"], "indices",
-                          f["network/l00001/indices"][()].reshape(-1, 1)),
-        ["network/l00001/indices: shape (", "expected one dimension"]),
     "2-D input pixels": (
         lambda f: replace(f["inputs"], "indices", f["inputs/indices"][()].reshape(-1, 1)),
         ["inputs/indices: shape (", "expected one dimension"]),
-    "2-D bias vector": (
-        lambda f: replace(f["network/l00002"], "bias",
-                          f["network/l00002/bias"][()].reshape(-1, 1)),
-        ["network/l00002/bias: shape (48, 1), expected (48,)"]),
     "2-D truth": (lambda f: replace(f["truth"], "l4", f["truth/l4"][()].reshape(-1, 1)),
                   ["truth/l4: shape (", "expected one dimension"]),
-    # "store has no network" named neither the group nor the missing attribute
     "n_layers gone": (lambda f: f["network"].attrs.__delitem__("n_layers"),
                       ["network: attribute n_layers missing"]),
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [f"packed: {c}" for c in PACKED_CASES]
+                         + [f"groups: {c}" for c in GROUP_CASES]
+                         + [f"{layout}: {c}" for layout in ("packed", "groups")
+                            for c in COMMON_CASES])
 def test_damaged_store_is_refused_before_any_kernel(store, capsys, case):
-    edit, fragments = CASES[case]
+    layout, name = case.split(": ", 1)
+    if layout == "groups":
+        as_schema_2(store)
+    edit, fragments = ({**COMMON_CASES, **PACKED_CASES} if layout == "packed"
+                       else {**COMMON_CASES, **GROUP_CASES})[name]
     with h5py.File(store, "r+") as f:
         edit(f)
     assert main(["infer", str(store), "--backend", "cpu", "--threads", "1", "--check",
@@ -161,9 +237,10 @@ def test_damaged_store_is_refused_before_any_kernel(store, capsys, case):
 
 
 def test_bit_rot_in_the_index_data_is_caught(store, capsys):
-    """Raw bytes of l00002/indices overwritten on disk (no HDF5 checksum to notice)."""
+    """Raw bytes of layer 2's indices overwritten on disk (no HDF5 checksum to notice)."""
     with h5py.File(store, "r") as f:
-        offset = f["network/l00002/indices"].id.get_offset()
+        ds, start, _ = layer_span(f, 2, "indices")
+        offset = ds.id.get_chunk_info(0).byte_offset + 2 * start  # the first chunk holds it
     with open(store, "r+b") as fh:
         fh.seek(offset + 20)
         fh.write(b"\xff\xff\x37\x13")
@@ -182,7 +259,7 @@ def test_int32_index_range_is_checked(tmp_path, capsys):
     assert main(["infer", str(path), "--backend", "cpu", "--check", "--quiet"]) == 0
     for bad in (-1, wide, 2**31 - 1):
         with h5py.File(path, "r+") as f:
-            set_item(f["network/l00001"], "indices", 1, bad)
+            set_layer_item(f, 1, "indices", 1, bad)
         assert main(["infer", str(path), "--backend", "cpu", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert f"network/l00001/indices: id {bad} at position 1" in err, err
@@ -198,7 +275,7 @@ def test_damaged_truth_is_refused(store, capsys):
 
 def test_refusal_from_the_command_line_has_no_traceback(store):
     with h5py.File(store, "r+") as f:
-        set_item(f["network/l00002"], "indptr", 5, 10**9)
+        set_layer_item(f, 2, "indptr", 5, 10**9)
     proc = subprocess.run([sys.executable, "-m", "spdnn_mpi", "infer", str(store),
                            "--backend", "cpu", "--quiet"], capture_output=True, text=True,
                           timeout=120)
@@ -222,7 +299,7 @@ def test_valid_stores_pass_and_validation_is_timed(store):
 
 def test_store_api_raises_store_error(store):
     with h5py.File(store, "r+") as f:
-        set_item(f["network/l00003"], "indices", 0, 200)
+        set_layer_item(f, 3, "indices", 0, 200)
     with Store(store) as s:
         s.layer(0)
         with pytest.raises(StoreError, match="l00003/indices"):

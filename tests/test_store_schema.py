@@ -7,7 +7,7 @@ import re
 import h5py
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import as_schema_2, random_inputs, random_network
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store.reader import SCHEMA_VERSION, Store, StoreWriter, layer_key
@@ -32,7 +32,7 @@ def test_schema_2_round_trip(tmp_path):
     rng = np.random.default_rng(0)
     net, rows, labels, preds = classifier_store(tmp_path / "m.h5", rng)
     with Store(tmp_path / "m.h5") as st:
-        assert st.schema_version == SCHEMA_VERSION == 2
+        assert st.schema_version == SCHEMA_VERSION == 3
         back = st.network()
         assert back.readout == "argmax"
         assert [lay.activation for lay in back.layers] == ["relu", "none"]
@@ -59,6 +59,7 @@ def test_schema_1_store_still_reads(tmp_path):
         for layer in net.layers:
             w.add_layer(layer)
         w.write_inputs(random_inputs(rng, 10, 16))
+    as_schema_2(path)
     with h5py.File(path, "r+") as f:
         f.attrs["schema_version"] = 1
         del f["network"].attrs["readout"]
@@ -73,6 +74,7 @@ def test_schema_1_store_still_reads(tmp_path):
 def test_unknown_schema_version_and_bad_attributes_are_refused(tmp_path):
     rng = np.random.default_rng(2)
     classifier_store(tmp_path / "m.h5", rng)
+    as_schema_2(tmp_path / "m.h5")
     with h5py.File(tmp_path / "m.h5", "r+") as f:
         f["network"][layer_key(1)].attrs["activation"] = "gelu"
     with Store(tmp_path / "m.h5") as st, pytest.raises(StoreError, match="activation 'gelu'"):
@@ -82,8 +84,8 @@ def test_unknown_schema_version_and_bad_attributes_are_refused(tmp_path):
     with pytest.raises(StoreError, match="readout 'softmax'"):
         Store(tmp_path / "m.h5")
     with h5py.File(tmp_path / "m.h5", "r+") as f:
-        f.attrs["schema_version"] = 3
-    with pytest.raises(StoreError, match="schema version 3.*reads version 1, 2"):
+        f.attrs["schema_version"] = 4
+    with pytest.raises(StoreError, match="schema version 4.*reads version 1, 2, 3"):
         Store(tmp_path / "m.h5")
 
 

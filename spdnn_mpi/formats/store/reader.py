@@ -2,10 +2,11 @@
 
 Every rank loads from this format, so it is versioned and checked on open,
 and every array is validated (``formats.validate``) when read. The schema is
-documented in ``docs/store.md`` and named in ``formats.schema``; writing is
-``formats.store_writer``. Version 2 added per-layer activations, the
-network's readout, true labels and reference predictions; version 1 stores
-(ReLU layers, the ``alive`` readout) still read.
+documented in ``docs/store.md`` and named in ``schema``; writing is
+``writer``. Version 3 packs every layer's arrays into a few datasets
+(``layers``); version 2 added per-layer activations, the network's readout,
+true labels and reference predictions; versions 1 and 2 (one group a layer)
+still read.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -22,6 +22,7 @@ import numpy as np
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store import validate
+from spdnn_mpi.formats.store.layers import GroupLayers, PackedLayers
 from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for users of this module
     FORMAT_NAME,
     SCHEMA_VERSION,
@@ -87,6 +88,13 @@ class Store:
         if not isinstance(self.provenance, dict):
             raise StoreError(f"{self.path}: attribute provenance is not a JSON object")
         self.created = str(attrs.get("created", ""))
+        if self.schema_version >= 3:
+            self._layers = PackedLayers(str(self.path), net, self._read)
+            if len(self._layers) != self.n_layers:
+                raise StoreError(f"{self.path}: network/layers has {len(self._layers)} rows, "
+                                 f"attribute n_layers says {self.n_layers}")
+        else:
+            self._layers = GroupLayers(str(self.path), net, self.n_layers, self._read)
 
     def close(self) -> None:
         self._file.close()
@@ -135,47 +143,37 @@ class Store:
         self.validate_seconds += time.perf_counter() - t0
 
     # -- network -----------------------------------------------------------
-    def _layer_group(self, k: int) -> h5py.Group:
+    def _attrs(self, k: int) -> dict:
+        """Layer ``k``'s attributes (a packed store's table row, named the same way)."""
         if not 0 <= k < self.n_layers:
             raise StoreError(f"{self.path}: layer {k + 1} asked for, store has {self.n_layers}")
-        key = layer_key(k)
-        group = self._file["network"].get(key)
-        if not isinstance(group, h5py.Group):
-            raise StoreError(f"{self.path}: layer group network/{key} missing")
-        return group
+        return self._layers.attrs(k)
+
+    def _checked(self, k: int, attrs: dict, arrays) -> Layer:
+        t0 = time.perf_counter()
+        layer = validate.check_layer(f"{self.path}: network/{layer_key(k)}", attrs, *arrays)
+        self._timed(t0)
+        return layer
 
     def layer(self, k: int) -> Layer:
         """0-based layer ``k``, validated (shapes, row pointer, index range, finite values)."""
-        g = self._layer_group(k)
-        where = f"{self.path}: network/{layer_key(k)}"
-        attrs = dict(g.attrs)  # one read of every attribute; the checks use this copy
-        members = set(g.keys())
-        indices = self._read(g, "indices")
-        indptr = None if "row_degree" in attrs else self._read(g, "indptr")
-        values = self._read(g, "values") if "values" in members else None
-        bias_vec = self._read(g, "bias") if "bias" in members else None
-        t0 = time.perf_counter()
-        layer = validate.check_layer(where, attrs, indices, indptr, values, bias_vec)
-        self._timed(t0)
-        return layer
+        return self._checked(k, self._attrs(k), self._layers.arrays(k))
 
     def layer_shapes(self) -> list[tuple[int, int, int]]:
         """(n_in, n_out, nnz) of every layer, read from attributes only."""
         out = []
         for k in range(self.n_layers):
             where = f"{self.path}: network/{layer_key(k)}"
-            a = self._layer_group(k).attrs
+            a = self._attrs(k)
             out.append(tuple(validate.integer_attr(where, a, name, low)
                              for name, low in (("n_in", 1), ("n_out", 1), ("nnz", 0))))
         return out
 
-    def iter_layers(self, n_layers: int | None = None) -> Iterator[Layer]:
-        for k in range(self._check_layer_count(n_layers)):
-            yield self.layer(k)
-
     def network(self, n_layers: int | None = None) -> Network:
-        """The first ``n_layers`` layers (all by default), chained and checked."""
-        layers = list(self.iter_layers(n_layers))
+        """The first ``n_layers`` layers (all by default), chained and checked; a
+        packed store reads each of its few datasets once."""
+        parts = self._layers.prefix(self._check_layer_count(n_layers))
+        layers = [self._checked(k, attrs, arrays) for k, (attrs, arrays) in enumerate(parts)]
         for k in range(1, len(layers)):
             if layers[k].n_in != layers[k - 1].n_out:
                 raise StoreError(
@@ -214,7 +212,7 @@ class Store:
         g = self._inputs_group()
         t0 = time.perf_counter()
         first_n_in = validate.integer_attr(f"{self.path}: network/{layer_key(0)}",
-                                           self._layer_group(0).attrs, "n_in", 1)
+                                           self._attrs(0), "n_in", 1)
         n_rows, n_cols, nnz = validate.check_inputs_group(f"{self.path}: inputs", g, first_n_in)
         ends = (int(self._read(g, "indptr", 0)), int(self._read(g, "indptr", n_rows)))
         if ends != (0, nnz):
@@ -305,7 +303,7 @@ class Store:
         if not 1 <= n_layers <= self.n_layers:
             raise StoreError(f"{where}: for {n_layers} layers, the store has {self.n_layers}")
         n_classes = validate.integer_attr(f"{self.path}: network/{layer_key(n_layers - 1)}",
-                                          self._layer_group(n_layers - 1).attrs, "n_out", 1)
+                                          self._attrs(n_layers - 1), "n_out", 1)
         classes = self._read(group, key)
         whose = "the network" if n_layers == self.n_layers else f"layer {n_layers}"
         validate.check_classes(where, what, classes, self.n_images if self.has_inputs else None,
@@ -354,7 +352,7 @@ class Store:
         """How many layers have each activation (read from attributes only)."""
         counts: dict[str, int] = {}
         for k in range(self.n_layers):
-            name = str(self._layer_group(k).attrs.get("activation", "relu"))
+            name = str(self._attrs(k).get("activation", "relu"))
             counts[name] = counts.get(name, 0) + 1
         return counts
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store import validate
+from spdnn_mpi.formats.store.layers import PackedWriter
 from spdnn_mpi.formats.store.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
 from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
 from spdnn_mpi.util.atomic import atomic_path, write_error
@@ -155,6 +156,7 @@ class StoreWriter:
         self._file.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
         self._net = self._file.create_group("network")
         self._net.attrs["readout"] = readout
+        self._packed = PackedWriter(self._net)
         self._file.create_group("truth")
         self._n_layers = 0
         self._last_n_out: int | None = None
@@ -187,11 +189,7 @@ class StoreWriter:
         if self._first_n_in is None:
             self._first_n_in = layer.n_in
             self._check_widths()
-        g = self._net.create_group(key)
-        g.attrs.update(attrs)
-        for name, data in arrays.items():
-            if data is not None:
-                g.create_dataset(name, data=data)
+        self._packed.append(attrs, arrays)
         self._n_layers += 1
         self._last_n_out = layer.n_out
         self._n_outs.append(layer.n_out)
