@@ -162,3 +162,39 @@ def test_plan_falls_back_to_csr_for_general_layers():
     layer = Layer.from_coo(i, j, rng.normal(size=len(i)), 40, 30)
     plan = lay.plan_layer(layer, 200 * 1024)
     assert plan.kind.startswith("csr")
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_layers_grouped_together_equal_each_grouped_alone(values):
+    """``group_layouts`` of many layers at once (one upload, a few operations) gives each
+    layer exactly the arrays it gets alone, and the held form ``ell_from_groups`` gives."""
+    rng = np.random.default_rng(12)
+    layers = [block_layer(rng, 300, 203, 16, values=values, max_group=k) for k in (1, 5, 16, 40)]
+    layers.append(fixed_degree_layer(rng, 300, 203, 16) if not values else layers[0])
+    together = lay.group_layouts(layers, held=True)
+    for layer, (got, held) in zip(layers, together):
+        alone = lay.group_layout(layer)
+        assert got.n_groups == alone.n_groups and got.wstride == alone.wstride
+        assert got.fill == alone.fill
+        for name in ("indices", "out_ids", "weights"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(alone, name))
+        for a, b in zip(held, lay.ell_from_groups(alone, 16)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_layers_of_a_packed_store_are_stacked_without_a_copy(tmp_path):
+    from spdnn_mpi.formats.store.reader import Store, StoreWriter
+    from spdnn_mpi.model import SparseRows
+
+    rng = np.random.default_rng(13)
+    layers = [fixed_degree_layer(rng, 64, 64, 8) for _ in range(5)]
+    with StoreWriter(tmp_path / "s.h5") as w:
+        for layer in layers:
+            w.add_layer(layer)
+        w.write_inputs(SparseRows.from_dense(np.eye(3, 64, dtype=np.float32)))
+    with Store(tmp_path / "s.h5") as st:
+        read = st.network().layers
+    stacked = lay.stacked_indices(read)
+    assert np.shares_memory(stacked, read[0].indices)  # one buffer, no copy
+    np.testing.assert_array_equal(stacked, lay.stacked_indices(layers))  # copied: the same
+    assert stacked.shape == (5, 64, 8)

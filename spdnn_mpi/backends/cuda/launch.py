@@ -137,12 +137,17 @@ class Launcher:
             small[rows] = Launch(k_rows, g, self.threads(plan.kind), plan.smem_bytes)
         return small
 
-    def layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int) -> LayerLaunch:
-        """Upload one layer's layout; its kernel, grids and launch arguments."""
+    def layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int,
+                    grouped: tuple | None = None) -> LayerLaunch:
+        """Upload one layer's layout; its kernel, grids and launch arguments.
+
+        ``grouped``: the layer's (group layout, held ELL arrays or None), built
+        with others of its shape by ``layout.group_layouts`` (else built here).
+        """
         cp = self.cp
-        groups = None
+        groups = held_ell = None
         if plan.kind == "group":
-            groups = lay.group_layout(layer, cp)
+            groups, held_ell = grouped or (lay.group_layout(layer, cp), None)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
             elif layer.values is None:
@@ -181,7 +186,8 @@ class Launcher:
             held_plan = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
         if held_plan is not None and held_plan.is_ell:
             small = self.small_grids(layer, held_plan, self.launch(held_plan), 0)
-            extra_held = lay.ell_from_groups(groups, layer.row_degree, cp)
+            extra_held = (held_ell if held_ell is not None
+                          else lay.ell_from_groups(groups, layer.row_degree, cp))
             keep += list(extra_held)
         else:
             small = self.small_grids(layer, plan, full,

@@ -22,6 +22,9 @@ from spdnn_mpi.model import Layer
 #: Dynamic shared memory a block may take: the device's opt-in limit less 1 KB
 #: (what the runtime reserves a block).
 SMEM_RESERVED = 1024
+#: Most weight indices grouped in one pass (``group_runs``): bounds the pass's
+#: temporary device memory (a few times this many 2-byte entries).
+GROUP_BATCH_ENTRIES = 1 << 27
 
 
 @dataclass
@@ -32,6 +35,32 @@ class DeviceNetwork:
     layers: list[LayerLaunch]
     width: int  # the widest layer's inputs or outputs
     info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
+
+
+def group_runs(cp: Any, layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> dict[int, tuple]:
+    """Layer index -> (group layout, held ELL arrays) of every layer planned on the
+    grouped kernel, built in runs of consecutive layers of one shape (at most
+    ``GROUP_BATCH_ENTRIES`` indices a run): a challenge network's 1920 layers in a
+    few passes instead of one small pass each."""
+    out: dict[int, tuple] = {}
+    k = 0
+    while k < len(layers):
+        if plans[k].kind != "group":
+            k += 1
+            continue
+        first = layers[k]
+        shape = (first.n_in, first.n_out, first.row_degree, first.values is None)
+        per_layer = first.n_out * first.row_degree
+        j = k + 1
+        while (j < len(layers) and plans[j].kind == "group" and (j - k + 1) * per_layer
+               <= GROUP_BATCH_ENTRIES and (layers[j].n_in, layers[j].n_out,
+                                           layers[j].row_degree,
+                                           layers[j].values is None) == shape):
+            j += 1
+        for i, built in enumerate(lay.group_layouts(layers[k:j], cp, held=shape[3])):
+            out[k + i] = built
+        k = j
+    return out
 
 
 def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict,
@@ -54,8 +83,9 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     entries: list[LayerLaunch] = []
     width = 0
     with device, stream:
-        for layer, plan in zip(layers, plans):
-            entry = launcher.layer_entry(layer, plan, smem_limit)
+        grouped = group_runs(cp, layers, plans)
+        for k, (layer, plan) in enumerate(zip(layers, plans)):
+            entry = launcher.layer_entry(layer, plan, smem_limit, grouped.get(k))
             kinds[entry.plan.kind] = kinds.get(entry.plan.kind, 0) + 1
             forms[entry.plan.kernel] = forms.get(entry.plan.kernel, 0) + 1
             entries.append(entry)
