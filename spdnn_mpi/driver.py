@@ -4,8 +4,8 @@ The same function serves one process and any number of MPI ranks: each rank
 reads its contiguous range of images and the (replicated) weights, runs the
 engine with no communication, and rank 0 gathers the surviving ids.
 
-    open_run -> agree -> read_rank_data -> share the weights -> set_up_backend
-    -> infer -> gather_report
+    open_run -> agree -> read_rank_data -> share the weights -> prepare_backend
+    (one rank a node compiles the kernels first) -> lay_out -> infer -> gather_report
 
 A step runs on every rank inside ``comm.run_phase``, so a failure on any rank
 stops every rank at the checkpoint that ends the step. Collectives (the
@@ -190,22 +190,29 @@ def gpu_uuid(device: int) -> str:
     return bytes(props.get("uuid", b"")).hex() or f"index-{device}"
 
 
-def set_up_backend(backend_name: str, options: dict, plan: RunPlan, data: RankData,
-                   opts: RunOptions, emit: Callable[[str], None] | None
-                   ) -> tuple[Backend, float, float]:
-    """Step 4, on every rank: build the backend, lay out the network (compiling its
-    kernels where needed), warm up; returns (backend, layout seconds, warm-up seconds).
-
-    The untimed warm-up on a few rows keeps first-call costs (CUDA graph capture,
-    numba loading its cached kernels) out of inference.
-    """
+def prepare_backend(backend_name: str, options: dict, data: RankData,
+                    compile_now: bool) -> tuple[Backend, float]:
+    """Step 4, on every rank: build the backend; where ``compile_now`` (the first rank
+    of each node) also compile its kernels, which the node's other ranks then load
+    from the disk cache instead of all compiling at once. (backend, seconds)."""
     t0 = time.perf_counter()
     backend = make_backend(backend_name, **options)
+    if compile_now:
+        backend.prepare_kernels(data.network.layers)
+    return backend, time.perf_counter() - t0
+
+
+def lay_out(backend: Backend, plan: RunPlan, data: RankData, opts: RunOptions,
+            emit: Callable[[str], None] | None) -> tuple[float, float]:
+    """Step 5, on every rank: lay out the network and warm up; (layout seconds,
+    warm-up seconds). The untimed warm-up on a few rows keeps first-call costs (CUDA
+    graph capture, numba loading its cached kernels) out of inference."""
+    t0 = time.perf_counter()
     backend.load_network(data.network.layers, progress=Progress("layout", plan.n_layers, emit))
     t1 = time.perf_counter()
     run_inference(data.network, data.rows.slice(0, min(data.rows.n_rows, 64)), backend,
                   batch=opts.batch, compress=opts.compress)
-    return backend, t1 - t0, time.perf_counter() - t1
+    return t1 - t0, time.perf_counter() - t1
 
 
 def distributed_infer(comm, opts: RunOptions) -> RunReport | None:
@@ -243,8 +250,12 @@ def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
     if "device" in options:
         uuids = local.allgather(mpi.run_phase(comm, lambda: gpu_uuid(options["device"])))
         mpi.run_phase(comm, lambda: mpi.check_gpu_sharing(node, uuids, opts.oversubscribe_gpus))
-    backend, layout_seconds, warm_up_seconds = mpi.run_phase(comm, lambda: set_up_backend(
-        backend_name, options, plan, data, opts, opts.emit if rank == 0 else None))
+    first_on_node = node.local_rank == 0
+    backend, prepare_seconds = mpi.run_phase(comm, lambda: prepare_backend(
+        backend_name, options, data, first_on_node))
+    layout_seconds, warm_up_seconds = mpi.run_phase(comm, lambda: lay_out(
+        backend, plan, data, opts, opts.emit if rank == 0 else None))
+    layout_seconds += prepare_seconds
 
     argmax = plan.readout == "argmax"
 

@@ -132,3 +132,30 @@ def test_ranks_given_different_options_stop_together(comm, tmp_path_factory):
     with pytest.raises(SpdnnError, match="ranks disagree on --layers: rank 0 has --layers 4, "
                                          "rank 1 has --layers 3"):
         distributed_infer(comm, opts)
+
+
+def test_one_rank_a_node_prepares_the_kernels_first(comm, tmp_path_factory, monkeypatch):
+    """The first rank of each node compiles the kernels (a step of its own, before any
+    rank lays out the network), so the node's other ranks load its disk cache."""
+    from spdnn_mpi import driver
+    from spdnn_mpi.backends.cpu.backend import CpuBackend
+
+    events = []
+
+    class Recording(CpuBackend):
+        def prepare_kernels(self, layers):
+            events.append("prepare")
+
+        def load_network(self, layers, progress=None):
+            events.append("layout")
+            super().load_network(layers, progress)
+
+    monkeypatch.setattr(driver, "make_backend", lambda name, **options: Recording(**options))
+    path, expected = make_store(comm, tmp_path_factory, 60, seed=4)
+    report = driver.distributed_infer(comm, RunOptions(store=path, backend="cpu", threads=1))
+    local = comm.Split_type(__import__("mpi4py").MPI.COMM_TYPE_SHARED)
+    first_on_node = local.Get_rank() == 0
+    local.Free()
+    assert events == (["prepare", "layout"] if first_on_node else ["layout"])
+    if comm.Get_rank() == 0:
+        np.testing.assert_array_equal(report.categories, expected)

@@ -74,6 +74,11 @@ class Backend(ABC):
     def finish(self, want_features: bool) -> BatchResult:
         """Wait for the batch and return the surviving rows."""
 
+    def prepare_kernels(self, layers: Sequence[Layer]) -> None:  # noqa: B027 - a default
+        """Compile (or load from a disk cache) the kernels these layers need, before
+        ``load_network``: the driver runs it on one rank per node first, so the node's
+        other ranks load what that one compiled instead of all compiling at once."""
+
     def synchronize(self) -> None:  # noqa: B027 - a default, not abstract
         """Wait until all queued work is done."""
 

@@ -21,18 +21,23 @@ a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import import_cupy
+from spdnn_mpi.backends.cuda.compile import (
+    import_cupy,
+    kernel_names,
+    module_and_whether_compiled,
+)
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.features import FeatureBuffers
 from spdnn_mpi.backends.cuda.layer_queue import LayerQueue
 from spdnn_mpi.backends.cuda.merge import DeviceMerge
-from spdnn_mpi.backends.cuda.network import DeviceNetwork, build_network
+from spdnn_mpi.backends.cuda.network import DeviceNetwork, build_network, plan_layers
 from spdnn_mpi.backends.cuda.readback import (
     ST_COMPACTIONS,
     ST_ROWS,
@@ -100,12 +105,23 @@ class CudaBackend(Backend):
         self._merger: DeviceMerge | None = None
         self._layers_run = 0
         self._compactions: int | None = None  # of the last batch
+        self._prepared = (0.0, False)  # prepare_kernels: (seconds, whether NVRTC ran)
 
     def _track_peak(self) -> None:
         pool = self._cp.get_default_memory_pool()
         self._peak = max(self._peak, int(pool.total_bytes()))
 
     # -- network -------------------------------------------------------------
+    def prepare_kernels(self, layers: Sequence[Layer]) -> None:
+        """Compile the kernels these layers need, or load them from the disk cache."""
+        names = kernel_names({p.degree for p in plan_layers(self._props, self.variant, layers)
+                              if p.degree})
+        t0 = time.perf_counter()
+        with self._dev:
+            _module, compiled = module_and_whether_compiled(self.device_id, sorted(names),
+                                                            self.config)
+        self._prepared = (time.perf_counter() - t0, compiled)
+
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         """Upload each layer's kernel layout (``progress(layers done)`` after each); compile."""
         net = build_network(self._cp, self._dev, self._stream, self.device_id, self._props,
@@ -239,5 +255,14 @@ class CudaBackend(Backend):
             "peak_device_bytes": self._peak,
             "compactions_last_batch": self._compactions,
             "graphs": self._queue.graphs.note,
-            **(self._network.info if self._network is not None else {}),
+            **self._kernel_info(),
         }
+
+    def _kernel_info(self) -> dict:
+        """The network's layout facts, its kernels' compile time and whether they were
+        compiled (by ``prepare_kernels`` or the layout build) or loaded from a cache."""
+        info = dict(self._network.info) if self._network is not None else {}
+        seconds, compiled = self._prepared
+        info["compile_seconds"] = round(info.get("compile_seconds", 0.0) + seconds, 4)
+        info["kernels_compiled"] = bool(info.get("kernels_compiled")) or compiled
+        return info

@@ -6,6 +6,7 @@ with its install hint without loading the backend.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,19 +31,37 @@ def import_cupy():
 
 
 def compiled_module(device_id: int, names: Sequence[str], config: KernelConfig):
-    """The NVRTC-compiled kernel module for this device and settings, compiled once
-    per process."""
+    """The NVRTC-compiled kernel module for this device and settings, loaded once per
+    process; CuPy keeps compiled modules on disk (``CUPY_CACHE_DIR``), so only the
+    first process on a machine (or after a change of the kernels) compiles."""
+    return module_and_whether_compiled(device_id, names, config)[0]
+
+
+def module_and_whether_compiled(device_id: int, names: Sequence[str],
+                                config: KernelConfig) -> tuple[Any, bool]:
+    """``compiled_module`` and whether NVRTC ran for it (False: this process had it, or
+    CuPy's disk cache did: no new file appeared there)."""
     cupy = import_cupy()
     names = tuple(sorted(set(names)))
     source = lay.assemble_source(config)
     key = (device_id, lay.source_digest(source, names))
     mod = _MODULES.get(key)
-    if mod is None:
-        with cupy.cuda.Device(device_id):
-            mod = cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=names)
-            mod.compile()
-        _MODULES[key] = mod
-    return mod
+    if mod is not None:
+        return mod, False
+    before = _cache_files(cupy)
+    with cupy.cuda.Device(device_id):
+        mod = cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=names)
+        mod.compile()
+    _MODULES[key] = mod
+    return mod, _cache_files(cupy) != before
+
+
+def _cache_files(cupy) -> frozenset[str]:
+    """Names in CuPy's kernel cache folder (empty where it cannot be listed)."""
+    try:
+        return frozenset(os.listdir(cupy.cuda.compiler.get_cache_dir()))
+    except (AttributeError, OSError):
+        return frozenset()
 
 
 def kernel_names(degrees: set[int]) -> list[str]:

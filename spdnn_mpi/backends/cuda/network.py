@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import compiled_module, kernel_names
+from spdnn_mpi.backends.cuda.compile import kernel_names, module_and_whether_compiled
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.launch import Launcher, LayerLaunch, blocks_per_sm
 from spdnn_mpi.model import Layer
@@ -35,6 +35,12 @@ class DeviceNetwork:
     layers: list[LayerLaunch]
     width: int  # the widest layer's inputs or outputs
     info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
+
+
+def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.LayerPlan]:
+    """The kernel plan of every layer on a device with CUDA properties ``props``."""
+    smem_limit = int(props["sharedMemPerBlockOptin"]) - SMEM_RESERVED
+    return [lay.plan_layer(layer, smem_limit, variant) for layer in layers]
 
 
 def group_runs(cp: Any, layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> dict[int, tuple]:
@@ -71,10 +77,10 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     t0 = time.perf_counter()
     sms = int(props["multiProcessorCount"])
     smem_limit = int(props["sharedMemPerBlockOptin"]) - SMEM_RESERVED
-    plans = [lay.plan_layer(layer, smem_limit, variant) for layer in layers]
+    plans = plan_layers(props, variant, layers)
     names = kernel_names({p.degree for p in plans if p.degree})
     t_compile = time.perf_counter()
-    module = compiled_module(device_id, sorted(names), config)
+    module, compiled = module_and_whether_compiled(device_id, sorted(names), config)
     compile_s = time.perf_counter() - t_compile
     launcher = Launcher(cp, module, config, sms, variant,
                         functools.partial(blocks_per_sm, props))
@@ -99,6 +105,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
         "layout_bytes": sum(e.layout_bytes for e in entries),
         "layout_seconds": round(time.perf_counter() - t0 - compile_s, 4),
         "compile_seconds": round(compile_s, 4),
+        "kernels_compiled": compiled,
         "grids": sorted({(e.plan.kind, e.full.grid, e.full.threads) for e in entries}),
     }
     return DeviceNetwork(module, entries, width, info)
