@@ -206,13 +206,15 @@ def test_a_gpu_run_gets_the_floor_of_its_card(tiny_store, device, card, capsys):
                                       "--first-layers", "4"])
     backend = make_backend("cpu", threads=1)
     describe = backend.describe
-    backend.describe = lambda: {**describe(), "device": device}
+    backend.describe = lambda: {**describe(), "device": device, "compile_seconds": 0.25,
+                                "kernels_compiled": True}
     row = bench_case(args, tiny_store, None, backend, "cuda")
     fl = row["first_layers"]
+    assert row["compile_seconds"] == 0.25 and row["kernels_compiled"] is True
     assert row["anchors"] == {"paper_2020_a100": None, "snicit_a6000": None}
     assert fl["device"] == device and fl["card"] == card and len(fl["rows"]) == 4
     text = report([row], [])
-    assert "A100_2020" in text
+    assert "A100_2020" in text and "compile_s" in text and "0.250*" in text
     if card is None:
         assert fl["ceilings"] is None and all(r["floor_us"] is None for r in fl["rows"])
         assert f"no floor: the device {device!r} is not in the card table" in text

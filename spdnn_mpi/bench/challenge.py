@@ -248,9 +248,11 @@ def bench_case(args: argparse.Namespace, store_path: Path, n_layers: int | None,
              for m in mode_names(args.compress)}
     info = backend.describe()
     gpu = backend_name == "cuda"
+    compile_s = float(info.get("compile_seconds", 0.0))  # inside the layout's time
     row = {
         "store": str(store_path), "neurons": n, "layers": n_layers, "images": rows.n_rows,
-        "backend": backend_name, "read_seconds": read_s, "layout_seconds": layout_s,
+        "backend": backend_name, "read_seconds": read_s, "layout_seconds": layout_s - compile_s,
+        "compile_seconds": compile_s, "kernels_compiled": bool(info.get("kernels_compiled")),
         "backend_info": info, "modes": modes, "peers": {},
     }
     if gpu:  # published GPU figures: no comparison for a CPU run (its peer is GraphBLAS)

@@ -35,7 +35,8 @@ def table(rows: list[dict], peers: list[str]) -> str:
     headers = ["N", "L", "off_TE/s", "auto_TE/s", "computed", "auto/off"]
     if gpu:
         headers += ["A100_2020", "off/A100", "SNICIT", "auto/SNICIT"]
-    headers += ["off_runs_s", "auto_runs_s", "e2e_s", "alive", "check"]
+    headers += ["off_runs_s", "auto_runs_s", "e2e_s"] + (["compile_s"] if gpu else [])
+    headers += ["alive", "check"]
     for peer in peers:
         headers += [f"{peer}_s", f"x{peer}"]
     out = []
@@ -52,7 +53,11 @@ def table(rows: list[dict], peers: list[str]) -> str:
             line += [a100, off_t / a100 if off_t and a100 else None,
                      snicit, auto_t / snicit if auto_t and snicit else None]
         line += [runs_range(off) if off else None, runs_range(auto) if auto else None,
-                 (auto or off)["end_to_end_seconds"], (auto or off)["alive_at_end"], _check(r)]
+                 (auto or off)["end_to_end_seconds"]]
+        if gpu:  # a star: this case compiled the kernels (else: this process or the cache had them)
+            line.append(f"{r.get('compile_seconds', 0.0):.3f}"
+                        + ("*" if r.get("kernels_compiled") else ""))
+        line += [(auto or off)["alive_at_end"], _check(r)]
         for peer in peers:
             pr = r["peers"].get(peer, {})
             line += [pr.get("seconds"), pr.get("speedup")]
@@ -66,7 +71,11 @@ def table(rows: list[dict], peers: list[str]) -> str:
         legend += ("A100_2020 and SNICIT: published TE/s (2020 paper, one A100; SNICIT 2023, "
                    "one RTX A6000). ")
     legend += ("off_runs_s, auto_runs_s: fastest-slowest of each mode's timed runs. e2e_s: "
-               "store read + layout + inputs + inference + categories file. <peer>_s: the "
+               "store read + layout + inputs + inference + categories file. ")
+    if gpu:
+        legend += ("compile_s: the kernels' compilation or loading, inside e2e_s (* compiled "
+                   "by this case; else loaded from the process or CuPy's disk cache). ")
+    legend += ("<peer>_s: the "
                "peer's time (one run after a warm-up); x<peer>: the peer's time over ours "
                "(off). check: pass = the categories equal the truth or a peer's; auto=off = "
                "the two modes agree, with no truth or peer to check them.")
