@@ -259,7 +259,8 @@ def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
     key = ((rows3[:, :, 0].astype(xp.uint64) << np.uint64(48))
            | (h.reshape(n, n_out) >> np.uint64(16)))
     order = xp.argsort(key, axis=1, kind="stable") if xp is np else xp.argsort(key, axis=1)
-    srt = xp.take_along_axis(rows3, order[:, :, None], axis=1).reshape(n * n_out, d)
+    each = xp.arange(n)[:, None]  # with ``order``: every layer's rows in its own order
+    srt = rows3[each, order].reshape(n * n_out, d)
     pos = xp.arange(n * n_out)
     start = pos % n_out == 0  # every layer starts its own runs
     start[1:] |= xp.any(srt[1:] != srt[:-1], axis=1)
@@ -286,8 +287,7 @@ def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
         vals = xp.asarray(np.stack([np.asarray(lay.values, dtype=np.float32)
                                     for lay in layers])).reshape(n, n_out, d)
         weights = xp.zeros((total, d, GROUP_SLOTS), dtype=xp.float32)
-        weights[group, :, slot] = xp.take_along_axis(vals, order[:, :, None],
-                                                     axis=1).reshape(n * n_out, d)
+        weights[group, :, slot] = vals[each, order].reshape(n * n_out, d)
     ell = None
     if held:  # every layer has exactly n_out used slots, layer after layer
         g, s = xp.nonzero(out_ids >= 0)
