@@ -1,6 +1,6 @@
 """Fast CPU backend: fused gather + bias + activation + clip + row-alive flag (numba).
 
-Rows are kept in neuron-major tiles (see ``cpu_kernels``); dead rows are
+Rows are kept in neuron-major tiles (see ``kernels``); dead rows are
 dropped by compacting the survivors into the spare buffer, so memory holds
 features of live rows only, in two buffers swapped per layer.
 """
@@ -23,7 +23,7 @@ def shared_inputs(layer: Layer) -> tuple | None:
     """(rep_ptr, rep_indices, members, member_ptr) of a uniform fixed-degree layer
     whose outputs share their input lists (each list read by two outputs or more on
     average), else None: the distinct lists in CSR order and, for each, the outputs
-    that read it (see ``cpu_kernels``: one sum per list, the same bits)."""
+    that read it (see ``kernels``: one sum per list, the same bits)."""
     d = layer.row_degree
     if layer.values is None and d and layer.n_out >= 2:
         rows = np.ascontiguousarray(np.asarray(layer.indices).reshape(layer.n_out, d))

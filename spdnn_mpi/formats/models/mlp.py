@@ -1,6 +1,6 @@
 """Dense MLP layers read from model files, turned into the store's sparse layers.
 
-The ONNX and safetensors readers (``onnx_model``, ``safetensors_model``) both
+The ONNX and safetensors readers (``onnx_reader``, ``safetensors_reader``) both
 hand back a list of ``DenseLayer``: the weight as ``(n_in, n_out)`` (the
 ``x @ W`` orientation), a bias vector and an activation, each named after the
 node or tensors it came from so that every refusal can say where. Here the

@@ -1,12 +1,12 @@
 """The HDF5 store: one file holding a network, its inputs and truth categories.
 
 Every rank loads from this format, so it is versioned and checked on open,
-and every array is validated (``formats.validate``) when read. The schema is
-documented in ``docs/store.md`` and named in ``schema``; writing is
-``writer``. Version 3 packs every layer's arrays into a few datasets
-(``layers``); version 2 added per-layer activations, the network's readout,
-true labels and reference predictions; versions 1 and 2 (one group a layer)
-still read.
+and every array is validated (``formats.store.validate``) when read. The schema
+is documented in ``docs/store.md`` and named in ``formats.store.schema``; writing
+is ``formats.store.writer``. Version 3 packs every layer's arrays into a few
+datasets (``formats.store.layers``); version 2 added per-layer activations, the
+network's readout, true labels and reference predictions; versions 1 and 2 (one
+group a layer) still read.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from spdnn_mpi.model import READOUTS, Layer, Network, SparseRows
 class Store:
     """Read access to a store, checked against the schema on open and as arrays are read.
 
-    Every array passes ``formats.validate`` before it is handed out, so no
+    Every array passes ``formats.store.validate`` before it is handed out, so no
     kernel ever sees an index out of range or a row pointer that goes
     backwards; ``validate_seconds`` sums the time those checks took. Inputs
     can be read by row range so that each MPI rank touches only its own rows.
