@@ -113,14 +113,14 @@ def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bo
     if not tsv:
         check_outputs({"--out": path}, inputs, force=force, regular=True)
         return
-    check_output(path, "--out", inputs=inputs, directory=True)
+    check_output(path, "--out", inputs=inputs, force=force, directory=True)
     names = [f"neuron{neurons}", f"sparse-images-{neurons}.tsv"]
     names += [f"neuron{neurons}-l{n}-categories.tsv" for n in wanted]
     for name in names:
         target = path / name
         if target.exists() and not force:
             raise SpdnnError(f"--out {path}: {target} exists; pass --force to replace it")
-        check_output(target, "--out", inputs=inputs, directory=name == names[0])
+        check_output(target, "--out", inputs=inputs, force=force, directory=name == names[0])
 
 
 def generate_store(
