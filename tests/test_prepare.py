@@ -103,7 +103,7 @@ def test_info(tree, tmp_path, capsys):
     assert "30 images" in text and "binary" in text
     assert "4 layers: 1 surviving images" in text
     assert "tool: spdnn prepare" in text
-    assert main(["info", "--json", str(out)]) == 0
+    assert main(["info", "--json", "-", str(out)]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["n_layers"] == 4 and info["images"] == 30
     assert info["truth"]["4"]["survivors"] == 1

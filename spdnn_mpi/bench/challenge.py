@@ -292,14 +292,14 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.bench import models as bench_models
     from spdnn_mpi.bench import plot as bench_plot
     from spdnn_mpi.bench import tables
+    from spdnn_mpi.commands.options import STDOUT, emit_json, json_file, text_stream
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.report import machine_info, write_json
+    from spdnn_mpi.report import machine_info
     from spdnn_mpi.util.memory import peak_host_bytes
-    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.outputs import check_outputs
 
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            check_output(path, option, inputs={f"the store {s}": s for s in args.stores})
+    check_outputs({"--json": json_file(args), "--plot": args.plot},
+                  {f"the store {s}": s for s in args.stores}, results=True)
     cases: list[tuple[Path, int | None]] = []
     model_paths = bench_models.shipped_model_stores(args) if args.model or args.models else []
     for s in args.stores:
@@ -317,12 +317,13 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict] = []
     models: list[dict] = []
 
-    def save() -> None:
-        if args.json:  # after every case, so a long run that is cut short keeps its results
-            write_json(args.json, {"machine": machine_info(), "backend": name,
-                                   "argv": sys.argv[1:], "cwd": os.getcwd(),
-                                   "results": results, "models": models,
-                                   **peak_host_bytes()})
+    def save(last: bool = False) -> None:
+        """The JSON, to its file after every case (a long run cut short keeps its results),
+        to stdout (--json -) once at the end."""
+        if args.json and (last or args.json != STDOUT):
+            emit_json(args, {"machine": machine_info(), "backend": name,
+                             "argv": sys.argv[1:], "cwd": os.getcwd(),
+                             "results": results, "models": models, **peak_host_bytes()})
 
     for path in model_paths:
         log(args, f"model {path.name} ...")
@@ -336,12 +337,14 @@ def run(args: argparse.Namespace) -> int:
                       f"TE/s nominal, {m['alive_at_end']} alive")
         save()
     if models:
-        print(bench_models.table(models, args.peer))
+        print(bench_models.table(models, args.peer), file=text_stream(args))
         if args.plot:
             bench_models.plot(models, args.plot)
     if results:
-        print(tables.report(results, args.peer))
+        print(tables.report(results, args.peer), file=text_stream(args))
         if args.plot:
             bench_plot.plot(results, args.plot, args.plot_config)
+    if args.json == STDOUT:
+        save(last=True)
     failed = any(row_failed(r) for r in results) or bench_models.failed(models)
     return 1 if failed else 0

@@ -86,6 +86,8 @@ def count_or_zero(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from spdnn_mpi.commands.options import add_json
+
     p.add_argument("stores", nargs="*", help="stores to benchmark (all their layers, or --layers)")
     p.add_argument("--config", type=parse_config, action="append", default=[],
                    metavar="NxL", help="generated challenge configuration, e.g. 4096x480 "
@@ -145,8 +147,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="both: time every case without compression (off: every live row "
                         "computed) and with it (auto: each group of bit-identical rows once), "
                         "side by side; or just one of them")
-    p.add_argument("--json", default=None, metavar="FILE",
-                   help="write all results as JSON to FILE")
+    add_json(p, "all results (after every case, so a run cut short keeps the cases done; "
+                "with '-', once at the end)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
