@@ -370,6 +370,7 @@ def test_store_without_inputs_says_how_to_add_them(tree, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "store has no inputs" in err
     assert "--inputs sparse-images-N.tsv" in err and "--generate-inputs" in err
+    assert "spdnn import" not in err  # a challenge store: not the model hint
 
 
 def test_prepare_tree_converts_every_network(tree, tmp_path, capsys):

@@ -12,6 +12,8 @@ refused with the node or tensor named, and no store is written.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 EXAMPLES = """\
@@ -47,6 +49,15 @@ def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
+def no_inputs_note(args: argparse.Namespace) -> str:
+    """The one line saying a store was written without inputs, and the command that adds
+    them (``spdnn infer`` has nothing to run on until then)."""
+    model, out = shlex.quote(str(args.model)), shlex.quote(str(args.out))
+    return (f"spdnn import: {args.out} has no inputs (no --inputs given), so spdnn infer has "
+            f"nothing to run on; add them with: spdnn import {model} --out {out} --force "
+            f"--inputs X.npy [--labels y.npy]")
+
+
 def run(args: argparse.Namespace) -> int:
     """Import the model; print a one-line summary, and the summary as JSON with --json."""
     from spdnn_mpi.commands.options import emit_json, json_file, text_stream
@@ -71,4 +82,6 @@ def run(args: argparse.Namespace) -> int:
     if "accuracy" in summary:
         line += f", reference accuracy {100 * summary['accuracy']:.2f}%"
     print(line, file=text_stream(args))
+    if summary["images"] == 0:
+        print(no_inputs_note(args), file=sys.stderr)
     return 0
