@@ -68,6 +68,26 @@ def test_prepare_round_trip(tree, tmp_path, capsys):
         assert store.provenance["source"]["categories"]["4"].endswith("l4-categories.tsv")
 
 
+@pytest.mark.xfail(strict=True, reason="formats/tsv/to_store.py (prepare_store) still "
+                   "records a given truth file as 'official categories file NAME'")
+def test_a_given_truth_file_is_not_called_official(tree, tmp_path, capsys):
+    """prepare cannot know where a --categories file came from: the store (and so
+    `spdnn info`) says it was given to prepare, by name."""
+    out = tmp_path / "net.h5"
+    root = tree["root"]
+    mine = tmp_path / "my-truth.tsv"
+    mine.write_bytes((root / f"neuron{N}-l4-categories.tsv").read_bytes())
+    assert main(["prepare", "--weights", str(tree["weights"]), "--inputs",
+                 str(root / f"sparse-images-{N}.tsv"), "--categories", f"4={mine}",
+                 "--out", str(out), "--quiet"]) == 0
+    with Store(out) as store:
+        assert store.truth_source(4) == "categories file given to prepare: my-truth.tsv"
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(categories file given to prepare: my-truth.tsv)" in text
+    assert "official" not in text
+
+
 def test_prepare_options(tree, tmp_path, capsys):
     out = tmp_path / "net.h5"
     argv = ["prepare", "--weights", str(tree["weights"]), "--layers", "2", "--no-clip"]
