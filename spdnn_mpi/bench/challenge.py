@@ -42,10 +42,11 @@ def emitter(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 
 def default_data_dir() -> Path:
-    """Where generated benchmark stores are cached ($SPDNN_CACHE_DIR or ~/.cache)."""
+    """The cache folder of generated stores and shipped models, shared with `spdnn demo`
+    (``util.paths.cache_dir``: $SPDNN_CACHE_DIR, else ~/.cache/spdnn_mpi)."""
     from spdnn_mpi.util.paths import cache_dir
 
-    return cache_dir() / "bench"
+    return cache_dir()
 
 
 def requested_configs(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -59,11 +60,11 @@ def requested_configs(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def generated_cases(args: argparse.Namespace) -> Iterator[tuple[Path, int]]:
-    """(store, layers) per requested configuration; each N's store generated (once)
-    just before its first case, so a run cut short keeps the cases done (--json is
-    written after every case) instead of spending its time generating them all."""
-    from spdnn_mpi.formats.store.reader import Store
-    from spdnn_mpi.generators.challenge import generate_store
+    """(store, layers) per requested configuration; each N's store found in the cache
+    folder (one `spdnn demo` made serves too) or generated there just before its first
+    case, so a run cut short keeps the cases done (--json is written after every case)
+    instead of spending its time generating them all."""
+    from spdnn_mpi.generators import challenge
 
     data_dir = args.data_dir or default_data_dir()
     by_n: dict[int, list[int]] = {}
@@ -71,19 +72,10 @@ def generated_cases(args: argparse.Namespace) -> Iterator[tuple[Path, int]]:
         by_n.setdefault(n, []).append(layers)
     tmax = args.truth_max[0] * args.truth_max[1]
     for n, layer_list in by_n.items():
-        depth = max(layer_list)
         truth = sorted({lay for lay in layer_list if n * lay <= tmax})
-        path = data_dir / f"radixnet-n{n}-l{depth}-i{args.images}-s{args.seed}.h5"
-        usable = False
-        if path.exists():
-            with Store(path) as st:
-                usable = st.n_layers >= depth and set(truth) <= set(st.truth_layers())
-        if not usable:
-            log(args, f"generating {path.name} (truth for {truth or 'none'}) ...")
-            t0 = time.perf_counter()
-            generate_store(path, n, depth, args.seed, images=args.images,
-                           truth_layers=truth, quiet=args.quiet, force=True)
-            log(args, f"  generated in {time.perf_counter() - t0:.1f} s")
+        path = challenge.cached_generated_store(data_dir, n, max(layer_list), args.images,
+                                                args.seed, truth, log=lambda m: log(args, m),
+                                                quiet=args.quiet)
         for lay in sorted(set(layer_list)):
             yield path, lay
 

@@ -136,8 +136,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="generated stores get reference truth only up to this N*L "
                         "(larger cases are checked against a peer)")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="cache for generated stores (default: bench/ under $SPDNN_CACHE_DIR, "
-                        "else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi)")
+                   help="folder of the cached generated stores and shipped models, shared "
+                        "with spdnn demo --cache-dir: a store demo made is used, not made "
+                        "again (default: $SPDNN_CACHE_DIR, else $XDG_CACHE_HOME/spdnn_mpi, "
+                        "else ~/.cache/spdnn_mpi)")
     p.add_argument("--threads", type=positive_count, default=None, metavar="COUNT",
                    help="CPU threads, for the cpu backend and the graphblas peer "
                         "(default: all usable cores)")
