@@ -302,8 +302,8 @@ def cached_generated_store(directory: str | os.PathLike, neurons: int, layers: i
     """A generated store for this request from the cache ``directory`` (``spdnn demo``'s
     and ``spdnn bench``'s), generated there first when none serves it (or ``regenerate``).
 
-    ``log`` gets one line: the store used, or the one about to be generated. A
-    store made again under the same name keeps the truth it had.
+    ``log`` gets the store used, or the one about to be generated and then how long
+    that took. A store made again under the same name keeps the truth it had.
     """
     found = None if regenerate else find_generated_store(directory, neurons, layers, images,
                                                          seed, truth_layers)
