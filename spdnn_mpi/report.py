@@ -59,9 +59,14 @@ def machine_info() -> dict:
     }
 
 
+def json_text(data: dict) -> str:
+    """``data`` as the indented JSON every report is written in (NumPy values plain)."""
+    return json.dumps(data, indent=2, sort_keys=True, default=_plain) + "\n"
+
+
 def write_json(path: str | os.PathLike, data: dict) -> None:
     """Write ``data`` as indented JSON, atomically."""
-    write_text_atomic(Path(path), json.dumps(data, indent=2, sort_keys=True, default=_plain) + "\n")
+    write_text_atomic(Path(path), json_text(data))
 
 
 def _plain(obj):

@@ -144,6 +144,77 @@ def test_demo_generates_once_then_reuses(tmp_path, capsys):
     assert "PASSED" in second.out and "using cached" in second.err
 
 
+def test_bench_uses_the_store_demo_made(tmp_path, monkeypatch, capsys):
+    """One cache folder and one finder for both: bench --config 1024x120 runs on the
+    store demo generated (same N, L, images, seed), without generating it again."""
+    from spdnn_mpi.generators import challenge
+
+    assert main(["demo", "--images", "200", "--cache-dir", str(tmp_path), "--backend", "cpu",
+                 "--quiet"]) == 0
+    (made,) = tmp_path.glob("*.h5")
+    before = made.stat().st_mtime_ns
+
+    def generate_store(*args, **kwargs):
+        raise AssertionError("the store demo made was generated again")
+
+    monkeypatch.setattr(challenge, "generate_store", generate_store)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--config", "1024x120", "--images", "200", "--data-dir",
+                 str(tmp_path), "--backend", "cpu", "--repeat", "1", "--compress", "off",
+                 "--json", str(out)]) == 0
+    assert f"using cached {made}" in capsys.readouterr().err
+    (res,) = json.loads(out.read_text())["results"]
+    assert res["store"] == str(made) and res["modes"]["off"]["check"]["passed"]
+    assert made.stat().st_mtime_ns == before
+
+
+def test_demo_runs_its_120_layers_of_a_deeper_cached_store(tmp_path, capsys):
+    from spdnn_mpi.generators.challenge import cached_generated_store
+
+    deep = cached_generated_store(tmp_path, 1024, 130, 200, 1, [120, 130])
+    out = tmp_path / "r.json"
+    assert main(["demo", "--images", "200", "--cache-dir", str(tmp_path), "--backend", "cpu",
+                 "--json", str(out)]) == 0
+    assert f"using cached {deep}" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["n_layers"] == 120 and report["check"]["passed"]
+
+
+def test_a_deeper_cached_store_with_the_truth_serves(tmp_path):
+    from spdnn_mpi.generators.challenge import (
+        find_generated_store,
+        generate_store,
+        generated_store_name,
+    )
+
+    path = tmp_path / generated_store_name(64, 6, 50, 2)
+    generate_store(path, 64, 6, 2, images=50, truth_layers=[3, 6])
+    (tmp_path / generated_store_name(64, 4, 50, 2)).write_text("not a store")  # skipped
+    assert find_generated_store(tmp_path, 64, 4, 50, 2, [3]) == path
+    assert find_generated_store(tmp_path, 64, 6, 50, 2, [3, 6]) == path
+    for request in ((64, 7, 50, 2, []), (64, 4, 50, 2, [4]), (64, 4, 51, 2, []),
+                    (64, 4, 50, 3, []), (256, 4, 50, 2, [])):
+        assert find_generated_store(tmp_path, *request) is None, request
+
+
+def test_a_cached_store_made_again_keeps_its_truth(tmp_path):
+    from spdnn_mpi.formats.store.reader import Store
+    from spdnn_mpi.generators.challenge import cached_generated_store, generate_store
+
+    lines = []
+    first = cached_generated_store(tmp_path, 64, 6, 50, 2, [6], log=lines.append)
+    assert lines[0].startswith(f"generating {first}") and lines[1].startswith("generated")
+    again = cached_generated_store(tmp_path, 64, 6, 50, 2, [3], log=lines.append)
+    assert again == first and lines[2].startswith(f"generating {first}")
+    with Store(again) as st:
+        assert st.truth_layers() == [3, 6]
+    generate_store(tmp_path / "x.h5", 64, 6, 2, images=50, truth_layers=[3])
+    with Store(tmp_path / "x.h5") as fresh, Store(again) as cached:
+        np.testing.assert_array_equal(fresh.truth(3), cached.truth(3))
+    assert cached_generated_store(tmp_path, 64, 5, 50, 2, [3, 6], log=lines.append) == first
+    assert lines[-1] == f"using cached {first}"
+
+
 def test_bench_refuses_zero_layers_and_a_json_over_its_store(tiny_store, capsys):
     assert main(["bench", str(tiny_store), "--layers", "0", "--quiet", "--repeat", "1"]) == 2
     assert "0 layers asked for, store has 12" in capsys.readouterr().err

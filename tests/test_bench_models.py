@@ -68,3 +68,17 @@ def test_models_table_shows_each_time_s_range():
     assert "torch-dense_runs_ms" in head and "torch_runs_ms" in head
     assert "0.190-0.260" in line and "0.250-0.400" in line
     assert "fastest-slowest" in text
+
+
+def test_models_plot_names_what_each_peer_runs():
+    """torch is torch.sparse, not a dense model; the dense peers say which library."""
+    from spdnn_mpi.bench.models import speedup_series
+
+    peers = {"onnxruntime": {"speedup": 5.0}, "torch-dense": {"speedup": 1.4},
+             "torch": {"speedup": 0.9}, "graphblas": {"skipped": "not a model peer"}}
+    rows = [{"sparsity": s, "peers": peers} for s in (0.99, 0.9)]
+    series = dict(speedup_series(rows))
+    assert set(series) == {"over onnxruntime (dense, CPU)", "over PyTorch dense (cuBLAS)",
+                           "over torch.sparse (CSR)"}
+    assert series["over torch.sparse (CSR)"] == [(90.0, 0.9), (99.0, 0.9)]
+    assert not any("torch (dense)" in label for label in series)

@@ -31,7 +31,6 @@ def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 #: same option name, different meaning on purpose
 DIFFERENT_ON_PURPOSE = {
     "--out",  # the store to write (generate, prepare) vs the categories file (infer)
-    "--json",  # info prints JSON on stdout (a flag); the others write FILE
     "--layers",  # bench: repeatable list of counts; elsewhere one count
     "--compress",  # bench also has "both" (time off and auto side by side)
 }
@@ -58,7 +57,7 @@ def test_shared_names_read_the_same():
     subs = subparsers()
     for name in ("generate", "demo", "bench", "prepare"):
         assert options(subs[name])["--images"].metavar == "COUNT", name
-    for name in ("infer", "demo", "bench"):
+    for name in ("info", "import", "infer", "demo", "bench"):
         assert options(subs[name])["--json"].metavar == "FILE", name
     for name in ("generate", "prepare"):
         assert options(subs[name])["--truth-layers"].metavar == "L1,L2,..."

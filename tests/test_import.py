@@ -354,6 +354,32 @@ def test_existing_store_needs_force(tmp_path, capsys):
         assert st.readout == "argmax" and not st.has_inputs
 
 
+def test_import_without_inputs_says_so_and_infer_says_how_to_add_them(tmp_path, capsys):
+    """A store with no images is fine to write, but says so at once (one line on stderr)
+    and names the import command with --inputs, at import and again at infer."""
+    rng = np.random.default_rng(25)
+    onnx.save(onnx_mlp(random_mlp(rng, [8, 6, 3])), tmp_path / "m.onnx")
+    out = tmp_path / "m.h5"
+    assert main(["import", str(tmp_path / "m.onnx"), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "0 images" in captured.out
+    (note,) = captured.err.splitlines()
+    assert f"{out} has no inputs" in note
+    assert f"spdnn import {tmp_path / 'm.onnx'} --out {out} --force --inputs X.npy" in note
+    assert main(["infer", str(out), "--backend", "cpu", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "store has no inputs" in err and "--inputs X.npy [--labels y.npy]" in err
+    assert f"spdnn import {tmp_path / 'm.onnx'} --out {out} --force" in err
+    assert "spdnn prepare" not in err and "--generate-inputs" not in err
+    np.save(tmp_path / "x.npy", rng.random((5, 8)).astype(np.float32))
+    assert main(["import", str(tmp_path / "m.onnx"), "--out", str(out), "--force",
+                 "--inputs", str(tmp_path / "x.npy")]) == 0
+    assert "no inputs" not in capsys.readouterr().err  # the hint worked: no note now
+    assert main(["import", str(tmp_path / "m.onnx"), "--out", str(tmp_path / "q.h5"),
+                 "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")  # --quiet: nothing at all
+
+
 def test_onnx_cycle_refused_without_hanging(tmp_path):
     """A Relu writing the graph's input made the chain walk loop forever, memory growing."""
     import subprocess

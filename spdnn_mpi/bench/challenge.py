@@ -42,10 +42,11 @@ def emitter(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 
 def default_data_dir() -> Path:
-    """Where generated benchmark stores are cached ($SPDNN_CACHE_DIR or ~/.cache)."""
+    """The cache folder of generated stores and shipped models, shared with `spdnn demo`
+    (``util.paths.cache_dir``: $SPDNN_CACHE_DIR, else ~/.cache/spdnn_mpi)."""
     from spdnn_mpi.util.paths import cache_dir
 
-    return cache_dir() / "bench"
+    return cache_dir()
 
 
 def requested_configs(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -59,11 +60,11 @@ def requested_configs(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def generated_cases(args: argparse.Namespace) -> Iterator[tuple[Path, int]]:
-    """(store, layers) per requested configuration; each N's store generated (once)
-    just before its first case, so a run cut short keeps the cases done (--json is
-    written after every case) instead of spending its time generating them all."""
-    from spdnn_mpi.formats.store.reader import Store
-    from spdnn_mpi.generators.challenge import generate_store
+    """(store, layers) per requested configuration; each N's store found in the cache
+    folder (one `spdnn demo` made serves too) or generated there just before its first
+    case, so a run cut short keeps the cases done (--json is written after every case)
+    instead of spending its time generating them all."""
+    from spdnn_mpi.generators import challenge
 
     data_dir = args.data_dir or default_data_dir()
     by_n: dict[int, list[int]] = {}
@@ -71,19 +72,10 @@ def generated_cases(args: argparse.Namespace) -> Iterator[tuple[Path, int]]:
         by_n.setdefault(n, []).append(layers)
     tmax = args.truth_max[0] * args.truth_max[1]
     for n, layer_list in by_n.items():
-        depth = max(layer_list)
         truth = sorted({lay for lay in layer_list if n * lay <= tmax})
-        path = data_dir / f"radixnet-n{n}-l{depth}-i{args.images}-s{args.seed}.h5"
-        usable = False
-        if path.exists():
-            with Store(path) as st:
-                usable = st.n_layers >= depth and set(truth) <= set(st.truth_layers())
-        if not usable:
-            log(args, f"generating {path.name} (truth for {truth or 'none'}) ...")
-            t0 = time.perf_counter()
-            generate_store(path, n, depth, args.seed, images=args.images,
-                           truth_layers=truth, quiet=args.quiet, force=True)
-            log(args, f"  generated in {time.perf_counter() - t0:.1f} s")
+        path = challenge.cached_generated_store(data_dir, n, max(layer_list), args.images,
+                                                args.seed, truth, log=lambda m: log(args, m),
+                                                quiet=args.quiet)
         for lay in sorted(set(layer_list)):
             yield path, lay
 
@@ -294,14 +286,14 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.bench import models as bench_models
     from spdnn_mpi.bench import plot as bench_plot
     from spdnn_mpi.bench import tables
+    from spdnn_mpi.commands.options import STDOUT, emit_json, json_file, text_stream
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.report import machine_info, write_json
+    from spdnn_mpi.report import machine_info
     from spdnn_mpi.util.memory import peak_host_bytes
-    from spdnn_mpi.util.outputs import check_output
+    from spdnn_mpi.util.outputs import check_outputs
 
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            check_output(path, option, inputs={f"the store {s}": s for s in args.stores})
+    check_outputs({"--json": json_file(args), "--plot": args.plot},
+                  {f"the store {s}": s for s in args.stores}, results=True)
     cases: list[tuple[Path, int | None]] = []
     model_paths = bench_models.shipped_model_stores(args) if args.model or args.models else []
     for s in args.stores:
@@ -319,12 +311,13 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict] = []
     models: list[dict] = []
 
-    def save() -> None:
-        if args.json:  # after every case, so a long run that is cut short keeps its results
-            write_json(args.json, {"machine": machine_info(), "backend": name,
-                                   "argv": sys.argv[1:], "cwd": os.getcwd(),
-                                   "results": results, "models": models,
-                                   **peak_host_bytes()})
+    def save(last: bool = False) -> None:
+        """The JSON, to its file after every case (a long run cut short keeps its results),
+        to stdout (--json -) once at the end."""
+        if args.json and (last or args.json != STDOUT):
+            emit_json(args, {"machine": machine_info(), "backend": name,
+                             "argv": sys.argv[1:], "cwd": os.getcwd(),
+                             "results": results, "models": models, **peak_host_bytes()})
 
     for path in model_paths:
         log(args, f"model {path.name} ...")
@@ -338,12 +331,14 @@ def run(args: argparse.Namespace) -> int:
                       f"TE/s nominal, {m['alive_at_end']} alive")
         save()
     if models:
-        print(bench_models.table(models, args.peer))
+        print(bench_models.table(models, args.peer), file=text_stream(args))
         if args.plot:
             bench_models.plot(models, args.plot)
     if results:
-        print(tables.report(results, args.peer))
+        print(tables.report(results, args.peer), file=text_stream(args))
         if args.plot:
             bench_plot.plot(results, args.plot, args.plot_config)
+    if args.json == STDOUT:
+        save(last=True)
     failed = any(row_failed(r) for r in results) or bench_models.failed(models)
     return 1 if failed else 0

@@ -23,6 +23,12 @@ MODEL_PEERS = {
     "torch-dense": ("spdnn_mpi.bench.peers.torch_models", "torch_dense_infer"),
     "torch": ("spdnn_mpi.bench.peers.torch_models", "torch_sparse_mlp_infer"),
 }
+#: What each model peer runs, in words, for the plot's legend.
+PEER_LABELS = {
+    "onnxruntime": "onnxruntime (dense, CPU)",
+    "torch-dense": "PyTorch dense (cuBLAS)",
+    "torch": "torch.sparse (CSR)",
+}
 
 
 def is_model_store(path: Path) -> bool:
@@ -181,6 +187,16 @@ def failed(rows: list[dict]) -> bool:
                or any(p.get("agrees") is False for p in r["peers"].values()) for r in rows)
 
 
+def speedup_series(rows: list[dict]) -> list[tuple[str, list[tuple[float, float]]]]:
+    """(legend label, [(sparsity %, our speed-up over the peer)]) per peer that ran, the
+    label saying what the peer runs (``PEER_LABELS``: the dense model, or torch.sparse)."""
+    rows = sorted(rows, key=lambda r: r["sparsity"])
+    peers = sorted({p for r in rows for p, v in r["peers"].items() if "speedup" in v})
+    return [(f"over {PEER_LABELS.get(peer, peer)}",
+             [(100 * r["sparsity"], r["peers"][peer]["speedup"]) for r in rows
+              if "speedup" in r["peers"].get(peer, {})]) for peer in peers]
+
+
 def plot(rows: list[dict], path: str | Path) -> None:
     """Speed-up over each peer and accuracy against sparsity, one PNG, written atomically."""
     from spdnn_mpi.errors import SpdnnError
@@ -196,11 +212,8 @@ def plot(rows: list[dict], path: str | Path) -> None:
     rows = sorted(rows, key=lambda r: r["sparsity"])
     x = [100 * r["sparsity"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    peers = sorted({p for r in rows for p, v in r["peers"].items() if "speedup" in v})
-    for peer in peers:
-        pts = [(xi, r["peers"][peer]["speedup"]) for xi, r in zip(x, rows)
-               if "speedup" in r["peers"].get(peer, {})]
-        ax1.plot(*zip(*pts), marker="o", label=f"over {peer} (dense)")
+    for label, pts in speedup_series(rows):
+        ax1.plot(*zip(*pts), marker="o", label=label)
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xlabel("weight sparsity (%)")
     ax1.set_ylabel(f"speed-up of spdnn ({rows[0]['backend'] if rows else ''})")

@@ -86,6 +86,8 @@ def count_or_zero(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from spdnn_mpi.commands.options import add_json
+
     p.add_argument("stores", nargs="*", help="stores to benchmark (all their layers, or --layers)")
     p.add_argument("--config", type=parse_config, action="append", default=[],
                    metavar="NxL", help="generated challenge configuration, e.g. 4096x480 "
@@ -134,8 +136,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="generated stores get reference truth only up to this N*L "
                         "(larger cases are checked against a peer)")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="cache for generated stores (default: bench/ under $SPDNN_CACHE_DIR, "
-                        "else $XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi)")
+                   help="folder of the cached generated stores and shipped models, shared "
+                        "with spdnn demo --cache-dir: a store demo made is used, not made "
+                        "again (default: $SPDNN_CACHE_DIR, else $XDG_CACHE_HOME/spdnn_mpi, "
+                        "else ~/.cache/spdnn_mpi)")
     p.add_argument("--threads", type=positive_count, default=None, metavar="COUNT",
                    help="CPU threads, for the cpu backend and the graphblas peer "
                         "(default: all usable cores)")
@@ -145,8 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="both: time every case without compression (off: every live row "
                         "computed) and with it (auto: each group of bit-identical rows once), "
                         "side by side; or just one of them")
-    p.add_argument("--json", default=None, metavar="FILE",
-                   help="write all results as JSON to FILE")
+    add_json(p, "all results (after every case, so a run cut short keeps the cases done; "
+                "with '-', once at the end)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 

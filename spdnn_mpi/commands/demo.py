@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_images(p, 60000, "number of input images")
     add_seed(p)
     p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
-                   help="where the demo store is kept (default: $SPDNN_CACHE_DIR, else "
+                   help="folder of the cached generated stores and shipped models, shared "
+                        "with spdnn bench --data-dir (default: $SPDNN_CACHE_DIR, else "
                         "$XDG_CACHE_HOME/spdnn_mpi, else ~/.cache/spdnn_mpi)")
     p.add_argument("--regenerate", action="store_true", help="rebuild the cached store")
     p.add_argument("--model", type=float, default=None, metavar="SPARSITY",
@@ -47,20 +48,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def demo_store(args) -> Path:
-    """The cached demo store, generated on first use (atomically)."""
-    from spdnn_mpi.generators.challenge import generate_store
+    """The demo store from the cache folder (shared with `spdnn bench --config`), generated
+    on first use (atomically)."""
+    from spdnn_mpi.generators.challenge import cached_generated_store
     from spdnn_mpi.util.paths import cache_dir
 
-    directory = args.cache_dir or cache_dir()
-    path = directory / f"demo-n{DEMO_NEURONS}-l{DEMO_LAYERS}-i{args.images}-s{args.seed}.h5"
-    if args.regenerate or not path.exists():
+    def log(line: str) -> None:
         if not args.quiet:
-            print(f"spdnn demo: generating {path} (once)", file=sys.stderr, flush=True)
-        generate_store(path, DEMO_NEURONS, DEMO_LAYERS, args.seed, images=args.images,
-                       truth_layers=[DEMO_LAYERS], quiet=args.quiet, force=True)
-    elif not args.quiet:
-        print(f"spdnn demo: using cached {path}", file=sys.stderr, flush=True)
-    return path
+            print(f"spdnn demo: {line}", file=sys.stderr, flush=True)
+
+    return cached_generated_store(args.cache_dir or cache_dir(), DEMO_NEURONS, DEMO_LAYERS,
+                                  args.images, args.seed, [DEMO_LAYERS],
+                                  regenerate=args.regenerate, log=log, quiet=args.quiet)
 
 
 def model_demo_store(args) -> Path:
@@ -80,8 +79,11 @@ def model_demo_store(args) -> Path:
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.cli import main
 
-    path = demo_store(args) if args.model is None else model_demo_store(args)
-    argv = ["infer", str(path), "--backend", args.backend, "--check"]
+    if args.model is None:  # the cached store may be deeper (one bench made): its first L
+        argv = ["infer", str(demo_store(args)), "--layers", str(DEMO_LAYERS)]
+    else:
+        argv = ["infer", str(model_demo_store(args))]
+    argv += ["--backend", args.backend, "--check"]
     argv += ["--json", args.json] if args.json else []
     argv += ["--quiet"] if args.quiet else []
     return main(argv)

@@ -12,7 +12,8 @@ refused with the node or tensor named, and no store is written.
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
+import sys
 from pathlib import Path
 
 EXAMPLES = """\
@@ -24,6 +25,8 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from spdnn_mpi.commands.options import add_json
+
     p.add_argument("model", type=Path, help="ONNX (.onnx, .onnx.gz) or safetensors file")
     p.add_argument("--out", required=True, type=Path, metavar="STORE", help="store to write")
     p.add_argument("--inputs", type=Path, default=None, metavar="FILE",
@@ -37,28 +40,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="safetensors: relu or none per layer (default: relu, and none for "
                         "the last layer)")
     p.add_argument("--force", action="store_true", help="replace an existing store")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_json(p, "the summary")
+    p.add_argument("--quiet", action="store_true",
+                   help="print nothing on success (--json is still written)")
 
 
 def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
-def run(args: argparse.Namespace) -> int:
-    from spdnn_mpi.formats.models.importer import import_model
+def no_inputs_note(args: argparse.Namespace) -> str:
+    """The one line saying a store was written without inputs, and the command that adds
+    them (``spdnn infer`` has nothing to run on until then)."""
+    model, out = shlex.quote(str(args.model)), shlex.quote(str(args.out))
+    return (f"spdnn import: {args.out} has no inputs (no --inputs given), so spdnn infer has "
+            f"nothing to run on; add them with: spdnn import {model} --out {out} --force "
+            f"--inputs X.npy [--labels y.npy]")
 
+
+def run(args: argparse.Namespace) -> int:
+    """Import the model; print a one-line summary, and the summary as JSON with --json."""
+    from spdnn_mpi.commands.options import emit_json, json_file, text_stream
+    from spdnn_mpi.formats.models.importer import import_model
+    from spdnn_mpi.util.outputs import check_distinct, check_output
+
+    check_distinct({"--out": args.out, "--json": json_file(args)})
+    if json_file(args):
+        check_output(json_file(args), "--json", results=True,
+                     inputs={"the model": args.model, "the --inputs file": args.inputs,
+                             "the --labels file": args.labels})
     summary = import_model(args.model, args.out, inputs=args.inputs, labels=args.labels,
                            layer_order=_names(args.layer_order),
                            activations=_names(args.activations), force=args.force)
-    if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
-    elif not args.quiet:
-        line = (f"spdnn import: {args.out}: {summary['layers']} layers, "
-                f"{summary['n_inputs']} -> {summary['n_classes']}, {summary['edges']:,} weights "
-                f"kept ({100 * summary['sparsity']:.2f}% zeros dropped), "
-                f"{summary['images']} images")
-        if "accuracy" in summary:
-            line += f", reference accuracy {100 * summary['accuracy']:.2f}%"
-        print(line)
+    emit_json(args, summary)
+    if args.quiet:
+        return 0
+    line = (f"spdnn import: {args.out}: {summary['layers']} layers, "
+            f"{summary['n_inputs']} -> {summary['n_classes']}, {summary['edges']:,} weights "
+            f"kept ({100 * summary['sparsity']:.2f}% zeros dropped), "
+            f"{summary['images']} images")
+    if "accuracy" in summary:
+        line += f", reference accuracy {100 * summary['accuracy']:.2f}%"
+    print(line, file=text_stream(args))
+    if summary["images"] == 0:
+        print(no_inputs_note(args), file=sys.stderr)
     return 0

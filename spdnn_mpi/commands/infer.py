@@ -231,6 +231,7 @@ def compression_line(report: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
+    from spdnn_mpi.commands.options import json_file
     from spdnn_mpi.driver import RunOptions, distributed_infer
     from spdnn_mpi.formats.tsv.write import write_categories
     from spdnn_mpi.readout import compare_categories
@@ -244,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
         weights_load=args.weights_load, compress=args.compress,
         progress=None if args.quiet else progress_printer(world.Get_size()),
-        check=args.check, out=args.out, json=args.json, emit=emit,
+        check=args.check, out=args.out, json=json_file(args), emit=emit,
     )
     if rank == 0 and not args.quiet:
         print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)
@@ -294,12 +295,13 @@ def finish_argmax(args: argparse.Namespace, report) -> int:
 
 def write_report(args: argparse.Namespace, report, write_seconds: float) -> None:
     """The JSON report (with the time the results took to write and the time since the
-    process started: what the user waited) and the printed summary."""
-    from spdnn_mpi.report import process_seconds, write_json
+    process started: what the user waited) and the printed summary (on stderr when the
+    JSON goes to stdout)."""
+    from spdnn_mpi.commands.options import emit_json, text_stream
+    from spdnn_mpi.report import process_seconds
 
     summary = report.to_json()
     summary["write_seconds"] = write_seconds
     summary["end_to_end_seconds"] = process_seconds()
-    if args.json:
-        write_json(args.json, summary)
-    print("\n".join(summary_lines(summary)))
+    emit_json(args, summary)
+    print("\n".join(summary_lines(summary)), file=text_stream(args))

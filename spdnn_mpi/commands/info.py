@@ -13,13 +13,16 @@ from pathlib import Path
 EXAMPLES = """\
 examples:
   spdnn info store.h5
-  spdnn info store.h5 --json > store.json
+  spdnn info store.h5 --json store.json
+  spdnn info store.h5 --json - | python -m json.tool
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", type=Path, help="store file written by prepare or generate")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    from spdnn_mpi.commands.options import add_json
+
+    p.add_argument("store", type=Path, help="store file written by prepare, generate or import")
+    add_json(p, "the summary")
 
 
 def describe(path: str | Path) -> dict:
@@ -98,9 +101,13 @@ def format_text(info: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the summary; with --json also write it as JSON (a results file)."""
+    from spdnn_mpi.commands.options import emit_json, json_file, text_stream
+    from spdnn_mpi.util.outputs import check_output
+
+    if json_file(args):
+        check_output(json_file(args), "--json", inputs={"the store": args.store}, results=True)
     info = describe(args.store)
-    if args.json:
-        print(json.dumps(info, indent=2, sort_keys=True))
-    else:
-        print(format_text(info))
+    emit_json(args, info)
+    print(format_text(info), file=text_stream(args))
     return 0

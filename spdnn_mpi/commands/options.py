@@ -8,6 +8,8 @@ same wherever they appear (tests/test_help.py checks that they do).
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TextIO
 
 from spdnn_mpi.truth import TRUTH_BACKENDS
 
@@ -43,8 +45,38 @@ def add_seed(p: argparse.ArgumentParser, help_text: str = "seed of the generated
     p.add_argument("--seed", type=int, default=1, metavar="SEED", help=help_text)
 
 
+#: ``--json -``: the JSON goes to standard output
+STDOUT = "-"
+
+
 def add_json(p: argparse.ArgumentParser, what: str = "the report") -> None:
-    p.add_argument("--json", default=None, metavar="FILE", help=f"write {what} as JSON to FILE")
+    """``--json FILE``, the one meaning in every subcommand; ``-`` is standard output."""
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help=f"write {what} as JSON to FILE, replacing it (a results file); "
+                        f"'-' writes it to standard output, and the human-readable output "
+                        f"then goes to standard error")
+
+
+def json_file(args: argparse.Namespace) -> str | None:
+    """The --json path to check and write, None when not given or standard output."""
+    return None if args.json in (None, STDOUT) else args.json
+
+
+def text_stream(args: argparse.Namespace) -> TextIO:
+    """Where the human-readable output goes: standard error while ``--json -`` holds
+    standard output for the JSON (so it stays parseable), else standard output."""
+    return sys.stderr if getattr(args, "json", None) == STDOUT else sys.stdout
+
+
+def emit_json(args: argparse.Namespace, data: dict) -> None:
+    """Write ``data`` where --json says: atomically to FILE, or to standard output."""
+    from spdnn_mpi.report import json_text, write_json
+
+    if args.json == STDOUT:
+        sys.stdout.write(json_text(data))
+        sys.stdout.flush()
+    elif args.json is not None:
+        write_json(args.json, data)
 
 
 def add_quiet(p: argparse.ArgumentParser) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from spdnn_mpi.errors import SpdnnError
@@ -113,14 +114,14 @@ def _check_out(path: Path, neurons: int, wanted: list[int], tsv: bool, force: bo
     if not tsv:
         check_outputs({"--out": path}, inputs, force=force, regular=True)
         return
-    check_output(path, "--out", inputs=inputs, directory=True)
+    check_output(path, "--out", inputs=inputs, force=force, directory=True)
     names = [f"neuron{neurons}", f"sparse-images-{neurons}.tsv"]
     names += [f"neuron{neurons}-l{n}-categories.tsv" for n in wanted]
     for name in names:
         target = path / name
         if target.exists() and not force:
             raise SpdnnError(f"--out {path}: {target} exists; pass --force to replace it")
-        check_output(target, "--out", inputs=inputs, directory=name == names[0])
+        check_output(target, "--out", inputs=inputs, force=force, directory=name == names[0])
 
 
 def generate_store(
@@ -234,3 +235,90 @@ def generate_store(
     if progress is not None:
         progress(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
     return provenance
+
+
+def generated_store_name(neurons: int, layers: int, images: int, seed: int) -> str:
+    """The file name of a cached generated store: the parameters that make it."""
+    return f"radixnet-n{neurons}-l{layers}-i{images}-s{seed}.h5"
+
+
+def _truth_layers_of(path: Path) -> set[int] | None:
+    """The truth layer counts of the store at ``path``; None when it cannot be read."""
+    from spdnn_mpi.formats.store.reader import Store
+
+    try:
+        with Store(path) as store:
+            return set(store.truth_layers())
+    except (SpdnnError, OSError):
+        return None
+
+
+def _serves(path: Path, neurons: int, layers: int, images: int, seed: int,
+            truth_layers: Sequence[int]) -> bool:
+    """Whether the store at ``path`` is a default generation (cycle relabelling, the
+    bundled digits at the default threshold) of these parameters, at least ``layers``
+    deep, with truth after each of ``truth_layers`` layers."""
+    from spdnn_mpi.formats.store.reader import Store
+    from spdnn_mpi.generators.digits import DEFAULT_THRESHOLD
+
+    try:
+        with Store(path) as store:
+            prov = store.provenance
+            net, inputs = prov.get("network") or {}, prov.get("inputs") or {}
+            return (prov.get("generator") == "spdnn_mpi.generate"
+                    and (prov.get("neurons"), prov.get("seed")) == (neurons, seed)
+                    and net.get("shuffle") == "cycle"
+                    and inputs.get("threshold") == DEFAULT_THRESHOLD
+                    and store.n_layers >= layers and store.n_images == images
+                    and set(truth_layers) <= set(store.truth_layers()))
+    except (SpdnnError, OSError, AttributeError):
+        return False  # unreadable or not a generated store: made again
+
+
+def find_generated_store(directory: str | os.PathLike, neurons: int, layers: int,
+                         images: int, seed: int,
+                         truth_layers: Sequence[int] = ()) -> Path | None:
+    """The shallowest cached store in ``directory`` that serves this request, else None.
+
+    A deeper store serves too: layer k of a generated network depends only on
+    N, k and the seed, so its first ``layers`` layers are the shallower network.
+    """
+    pattern = re.compile(rf"radixnet-n{neurons}-l(\d+)-i{images}-s{seed}\.h5")
+    found = []
+    for path in Path(directory).glob(f"radixnet-n{neurons}-l*-i{images}-s{seed}.h5"):
+        m = pattern.fullmatch(path.name)
+        if m and int(m.group(1)) >= layers:
+            found.append((int(m.group(1)), path))
+    for _, path in sorted(found):
+        if _serves(path, neurons, layers, images, seed, truth_layers):
+            return path
+    return None
+
+
+def cached_generated_store(directory: str | os.PathLike, neurons: int, layers: int,
+                           images: int, seed: int, truth_layers: Sequence[int] = (), *,
+                           regenerate: bool = False, log: Callable[[str], None] | None = None,
+                           quiet: bool = True) -> Path:
+    """A generated store for this request from the cache ``directory`` (``spdnn demo``'s
+    and ``spdnn bench``'s), generated there first when none serves it (or ``regenerate``).
+
+    ``log`` gets the store used, or the one about to be generated and then how long
+    that took. A store made again under the same name keeps the truth it had.
+    """
+    found = None if regenerate else find_generated_store(directory, neurons, layers, images,
+                                                         seed, truth_layers)
+    if found is not None:
+        if log is not None:
+            log(f"using cached {found}")
+        return found
+    path = Path(directory) / generated_store_name(neurons, layers, images, seed)
+    kept = (_truth_layers_of(path) if path.exists() else None) or set()
+    truth = sorted(set(truth_layers) | kept)
+    if log is not None:
+        log(f"generating {path} (truth after {', '.join(map(str, truth)) or 'no'} layers)")
+    t0 = time.perf_counter()
+    generate_store(path, neurons, layers, seed, images=images, truth_layers=truth,
+                   quiet=quiet, force=True)
+    if log is not None:
+        log(f"generated {path.name} in {time.perf_counter() - t0:.1f} s")
+    return path

@@ -3,8 +3,18 @@
 A run that fails only when it writes its result has wasted the run, and a
 command that writes over its own input destroys it; so every command checks
 each output here first: not one of its inputs (never, even with --force),
-not an existing path unless replacing was asked for, and writable (a probe
-file is created and removed in its directory).
+not an existing path unless the rule below lets it be replaced, and writable
+(a probe file is created and removed in its directory).
+
+The rule for an existing output: a *results file*, what ``infer``, ``bench``
+and ``demo`` make on every run (the categories or predictions TSV, the JSON
+report, the plot; also the JSON of ``info`` and ``import``), is replaced
+without ``--force``: running the command again is asking for new results,
+and the replacement is atomic, so the old file stays whole until the new one
+is complete. Anything else, the stores and TSV trees of ``generate``,
+``prepare`` and ``import``, can take hours to make again and is replaced
+only with ``--force``. Each command says which kind each output is:
+``results=True``, or ``force=`` its ``--force``.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ def check_output(
     option: str,
     *,
     inputs: Mapping[str, PathLike | None] | None = None,
+    results: bool = False,
     force: bool = True,
     directory: bool = False,
     regular: bool = False,
@@ -54,8 +65,11 @@ def check_output(
     """Refuse ``path`` (given as ``option``) unless it may be written; returns it as a Path.
 
     ``inputs`` maps a description ("the store") to each input path of the
-    command; ``force`` False refuses an existing ``path``; ``directory`` says
-    the output is a directory (an existing one is fine when ``force``).
+    command. ``results`` says ``path`` is a results file, replaced whatever
+    ``force`` says (the module's rule); for any other output, ``force`` is the
+    command's --force, and False refuses an existing ``path`` (it defaults to
+    True for the callers written before ``results``: pass one of the two).
+    ``directory`` says the output is a folder (an existing one is written into).
     An existing character device or FIFO is written directly (see
     ``util.atomic``), unless ``regular`` says the output must be a regular
     file (a store: HDF5 seeks and reads back); other kinds are refused.
@@ -71,7 +85,7 @@ def check_output(
             raise SpdnnError(f"{option} {path} is a directory")
         if directory and not path.is_dir():
             raise SpdnnError(f"{option} {path} exists and is not a directory")
-        if not force and not directory:
+        if not (results or force or directory):
             raise SpdnnError(f"{option} {path} exists; pass --force to replace it")
     _check_writable(path, option)
     return path
@@ -127,6 +141,7 @@ def check_outputs(
     outputs: Mapping[str, PathLike | None],
     inputs: Mapping[str, PathLike | None] | None = None,
     *,
+    results: bool = False,
     force: bool = True,
     regular: bool = False,
 ) -> None:
@@ -134,12 +149,14 @@ def check_outputs(
 
     ``outputs`` maps each option to its path (None: not given): no two the
     same file, none one of ``inputs`` (never, even with ``force``), each
-    writable; ``regular`` for stores; see :func:`check_output`.
+    writable; ``results`` and ``force`` as in :func:`check_output`;
+    ``regular`` for stores.
     """
     check_distinct(outputs)
     for option, path in outputs.items():
         if path is not None:
-            check_output(path, option, inputs=inputs, force=force, regular=regular)
+            check_output(path, option, inputs=inputs, results=results, force=force,
+                         regular=regular)
 
 
 def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:

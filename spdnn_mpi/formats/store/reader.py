@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -193,13 +194,27 @@ class Store:
     def _inputs_group(self) -> h5py.Group:
         group = self._file.get("inputs")
         if not isinstance(group, h5py.Group):
-            raise StoreError(
-                f"{self.path}: store has no inputs (it was prepared from the weights alone); "
+            raise StoreError(self._no_inputs_message())
+        return group
+
+    def is_imported_model(self) -> bool:
+        """Whether ``spdnn import`` made this store (the argmax readout, or its provenance)."""
+        return self.readout == "argmax" or self.provenance.get("tool") == "spdnn import"
+
+    def _no_inputs_message(self) -> str:
+        """No inputs, and how to make the store again with them: `spdnn import` for an
+        imported model, `spdnn prepare` or `generate` for a challenge store."""
+        if self.is_imported_model():
+            source = self.provenance.get("source")
+            model = source.get("model") if isinstance(source, dict) else None
+            return (f"{self.path}: store has no inputs (the model was imported without "
+                    f"--inputs); import it again with them: spdnn import "
+                    f"{shlex.quote(str(model or 'MODEL'))} --out {shlex.quote(str(self.path))} "
+                    "--force --inputs X.npy [--labels y.npy]")
+        return (f"{self.path}: store has no inputs (it was prepared from the weights alone); "
                 "build it again with inputs: spdnn prepare --weights DIR "
                 "--inputs sparse-images-N.tsv (the official images) or --generate-inputs "
-                "(MNIST-derived ones), or use spdnn generate"
-            )
-        return group
+                "(MNIST-derived ones), or use spdnn generate")
 
     @property
     def has_inputs(self) -> bool:
