@@ -101,7 +101,7 @@ def check_outputs(opts: RunOptions) -> None:
     check_distinct(outputs)
     for option, path in outputs.items():
         if path is not None:
-            check_output(path, option, inputs={"the store": opts.store})
+            check_output(path, option, inputs={"the store": opts.store}, results=True)
 
 
 def agreement_facts(opts: RunOptions, store: Store) -> dict[str, tuple[str, str]]:

@@ -174,7 +174,7 @@ def _start_deep_generate(out, *extra):
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.Popen([sys.executable, "-m", "spdnn_mpi.cli", "generate", "--neurons",
-                             "64", "--layers", "50000", "--images", "100", "--truth-layers",
+                             "64", "--layers", "400000", "--images", "100", "--truth-layers",
                              "1", "--quiet", "--out", str(out), *extra],
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120

@@ -68,8 +68,6 @@ def test_prepare_round_trip(tree, tmp_path, capsys):
         assert store.provenance["source"]["categories"]["4"].endswith("l4-categories.tsv")
 
 
-@pytest.mark.xfail(strict=True, reason="formats/tsv/to_store.py (prepare_store) still "
-                   "records a given truth file as 'official categories file NAME'")
 def test_a_given_truth_file_is_not_called_official(tree, tmp_path, capsys):
     """prepare cannot know where a --categories file came from: the store (and so
     `spdnn info`) says it was given to prepare, by name."""

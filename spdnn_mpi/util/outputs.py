@@ -58,7 +58,7 @@ def check_output(
     *,
     inputs: Mapping[str, PathLike | None] | None = None,
     results: bool = False,
-    force: bool = True,
+    force: bool = False,
     directory: bool = False,
     regular: bool = False,
 ) -> Path:
@@ -67,8 +67,7 @@ def check_output(
     ``inputs`` maps a description ("the store") to each input path of the
     command. ``results`` says ``path`` is a results file, replaced whatever
     ``force`` says (the module's rule); for any other output, ``force`` is the
-    command's --force, and False refuses an existing ``path`` (it defaults to
-    True for the callers written before ``results``: pass one of the two).
+    command's --force, and False refuses an existing ``path``.
     ``directory`` says the output is a folder (an existing one is written into).
     An existing character device or FIFO is written directly (see
     ``util.atomic``), unless ``regular`` says the output must be a regular
@@ -142,7 +141,7 @@ def check_outputs(
     inputs: Mapping[str, PathLike | None] | None = None,
     *,
     results: bool = False,
-    force: bool = True,
+    force: bool = False,
     regular: bool = False,
 ) -> None:
     """The one check of a command's outputs, made before it reads anything long.

@@ -179,7 +179,8 @@ def prepare_store(
             if not truth_layers:
                 rows = None  # free before the layers
         for n_l, ids in sorted(truth.items()):
-            writer.add_truth(n_l, ids, f"official categories file {Path(categories[n_l]).name}")
+            writer.add_truth(n_l, ids,
+                             f"categories file given to prepare: {Path(categories[n_l]).name}")
         bar = Progress("", n_layers, stderr_lines("spdnn prepare") if progress else None,
                        every=1.0)
         edges = 0
