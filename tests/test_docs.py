@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: Set by the shell or the system, not by a user of these scripts.
-SYSTEM_VARIABLES = {"PWD", "SECONDS", "PIPESTATUS", "USER", "HOME", "TMPDIR", "PYTHONPATH"}
+SYSTEM_VARIABLES = {"PWD", "SECONDS", "EPOCHREALTIME", "PIPESTATUS", "USER", "HOME", "TMPDIR",
+                    "PYTHONPATH"}
 #: Set by Slurm inside a job (read by the job scripts to size and name things).
 SLURM_SET = re.compile(r"SLURM_[A-Z_]+$")
 

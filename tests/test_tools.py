@@ -57,7 +57,7 @@ def test_device_run_header_documents_exactly_its_steps(tmp_path):
     allowed = re.search(r"^ {4}([a-z|]+)\) ;;$", text, re.M).group(1).split("|")
     assert documented == allowed
     assert set(run_steps) == set(documented) == {"tests", "mpi", "real", "challenge", "models",
-                                                 "profile"}
+                                                 "answer", "profile"}
     assert "python3 -m pytest -m gpu" in text
     for gone in ("gpu_sparse", "model_layers", "model_run_probe", "sweep", "locality"):
         assert gone not in text, gone

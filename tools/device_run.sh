@@ -24,6 +24,10 @@
 #              cuda against PyTorch dense (cuBLAS), torch.sparse and onnxruntime
 #              (CPU) at 1000 and MODEL_IMAGES (60000) images, then (MODELS_CPU=1)
 #              the cpu backend against onnxruntime
+#   answer     time to answer: `spdnn infer STORE --backend cuda --out FILE` timed from
+#              process start to file written, 4 runs a store of each ANSWER_CONFIGS
+#              (default 1024x120 1024x1920 16384x480 65536x1920; generated once with
+#              no truth); the very first run with an empty CuPy kernel cache
 #   profile    hardware counters (ncu) of the first PROFILE_LAYERS (6) layers of
 #              an N = PROFILE_N (4096) network, once per PROFILE_DEFINES entry (a
 #              space-separated list; each entry comma-separated NAME=INT, or "-"
@@ -48,9 +52,9 @@ mkdir -p "$out"
 steps="${STEPS:-tests mpi real challenge}"
 for step in $steps; do
   case "$step" in
-    tests|mpi|real|challenge|models|profile) ;;
+    tests|mpi|real|challenge|models|answer|profile) ;;
     *) echo "device_run: unknown step '$step' in STEPS (steps: tests mpi real challenge" \
-         "models profile; see --help)" >&2; exit 2 ;;
+         "models answer profile; see --help)" >&2; exit 2 ;;
   esac
 done
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -135,6 +139,26 @@ if [[ $steps == *challenge* ]]; then
     ${CHALLENGE_ARGS:---challenge --peer cusparse --peer torch} --repeat 3 --truth-max 1024x480 \
     --data-dir /tmp/bench --json "$out/bench_challenge.json" 2>&1 | tee "$out/bench_challenge.log"
   note "challenge bench rc=${PIPESTATUS[0]}"
+fi
+
+if [[ $steps == *answer* ]]; then
+  mkdir -p /tmp/answer
+  rm -rf /tmp/answer/cupy  # the first run compiles the kernels
+  for cfg in ${ANSWER_CONFIGS:-1024x120 1024x1920 16384x480 65536x1920}; do
+    store="/tmp/answer/g$cfg.h5"
+    [[ -f $store ]] || spdnn generate --neurons "${cfg%x*}" --layers "${cfg#*x}" \
+      --truth-backend none --out "$store" --quiet
+    for run in 1 2 3 4; do
+      start=$EPOCHREALTIME
+      CUPY_CACHE_DIR=/tmp/answer/cupy python3 -m spdnn_mpi infer "$store" --backend cuda \
+        --out /tmp/answer/cats.tsv --json "$out/answer_${cfg}_$run.json" --quiet \
+        > "$out/answer_${cfg}_$run.log" 2>&1
+      rc=$?
+      wall=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+      note "answer $cfg run $run: rc=$rc, ${wall} s process start to file written; $(grep -E \
+        '^(set-up|inference)' "$out/answer_${cfg}_$run.log" | tr -s ' ' | paste -sd ';')"
+    done
+  done
 fi
 
 if [[ $steps == *models* ]]; then
