@@ -47,14 +47,12 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
-    import numpy
-
     return {
         "hostname": socket.gethostname(),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "numpy": numpy.__version__,
+        "numpy": np.__version__,
         "platform": platform.platform(),
     }
 
@@ -70,8 +68,6 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
 
 
 def _plain(obj):
-    import numpy as np
-
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):
