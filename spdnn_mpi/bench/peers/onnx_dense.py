@@ -1,13 +1,6 @@
-"""CPU peer for imported models: the dense model in onnxruntime.
-
-The network is written back as a standard dense ONNX model (Gemm with the
-weight as ``(out, in)``, ``transB=1``, as ``torch.onnx.export`` writes
-``nn.Linear``; Relu after ReLU layers; Clip where a layer clips), so the peer
-runs exactly what a practitioner would deploy: every zero of the pruned
-weights is multiplied like any other weight by onnxruntime's MLAS GEMM.
-Only ``session.run`` is timed, on inputs already densified, as the engine
-times its layers with the inputs already on the device.
-"""
+"""CPU peer for imported models: the network written back as a standard dense ONNX model
+(what a practitioner deploys, zeros multiplied) and run in onnxruntime; only
+``session.run`` on densified inputs is timed."""
 
 from __future__ import annotations
 
@@ -65,11 +58,8 @@ def dense_onnx(network: Network) -> bytes:
 def onnxruntime_infer(network: Network, rows: SparseRows, *, threads: int | None = None,
                       batch: int | None = None, repeat: int = 3
                       ) -> tuple[np.ndarray, float, list[float]]:
-    """(final outputs of every row, median seconds, every run's seconds) in onnxruntime.
-
-    ``batch`` rows per ``run`` call (all at once by default); one untimed
-    warm-up run first.
-    """
+    """(final outputs of every row, median seconds, every run's seconds) in onnxruntime,
+    ``batch`` rows a ``run`` call (default: all), after an untimed warm-up."""
     _, ort, _, _ = _modules()
     opts = ort.SessionOptions()
     if threads is not None:

@@ -1,15 +1,6 @@
-"""GPU peers for imported models: PyTorch dense (cuBLAS) and torch.sparse CSR.
-
-``torch_dense_infer`` runs the model as a practitioner would on a GPU:
-``y = act(y @ W + b)`` with the dense (zeros included) weight, one cuBLAS
-GEMM per layer over the whole batch. ``torch_sparse_mlp_infer`` keeps W^T as
-a torch.sparse CSR tensor and multiplies it with the dense features (cuSPARSE
-SpMM underneath). Weights and dense inputs are on the device before the
-clock starts; the clock covers the layers and fetching the outputs to the
-host, like the engine's. Both raise ``SpdnnError`` with the reason when
-PyTorch or a CUDA device is missing, or the card runs out of memory, which
-the benchmark reports as a skip.
-"""
+"""GPU peers for imported models: PyTorch dense (one cuBLAS GEMM a layer, zeros included)
+and torch.sparse CSR (cuSPARSE SpMM), timed as the engine times. A missing PyTorch or
+device, or running out of memory, is a ``SpdnnError`` (a skip)."""
 
 from __future__ import annotations
 
