@@ -262,9 +262,11 @@ def gather_ids(comm, ids: np.ndarray, root: int = 0) -> np.ndarray | None:
         return ids.copy()
     counts = comm.gather(len(ids), root=root)
     if comm.Get_rank() == root:
+        from mpi4py import MPI
+
         out = np.empty(int(sum(counts)), dtype=np.int64)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        comm.Gatherv(ids, [out, counts, displs, _mpi_int64()], root=root)
+        comm.Gatherv(ids, [out, counts, displs, MPI.INT64_T], root=root)
         return out
     comm.Gatherv(ids, None, root=root)
     return None
@@ -278,12 +280,6 @@ def sum_to_root(comm, values: np.ndarray, root: int = 0) -> np.ndarray:
     total = np.zeros_like(values)
     comm.Reduce(values, total, root=root)
     return total
-
-
-def _mpi_int64():
-    from mpi4py import MPI
-
-    return MPI.INT64_T
 
 
 def broadcast_arrays(comm, arrays: list[np.ndarray] | None, root: int = 0) -> list[np.ndarray]:

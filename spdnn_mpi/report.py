@@ -153,9 +153,6 @@ class RunReport:
         s = self.inference_seconds
         return self.computed_edges / s if s > 0 else float("inf")
 
-    def _max(self, key: str):
-        return max(r[key] for r in self.per_rank)
-
     def to_json(self) -> dict:
         """The report as written by ``--json`` (and read by the text summary)."""
         out = {
@@ -178,7 +175,7 @@ class RunReport:
         for key in ("input_seconds", "load_seconds", "validate_seconds", "layout_seconds",
                     "compile_seconds", "warm_up_seconds", "peak_host_bytes",
                     "peak_children_bytes"):
-            out[key] = self._max(key)
+            out[key] = max(r[key] for r in self.per_rank)
         out["kernels_compiled"] = any(r["kernels_compiled"] for r in self.per_rank)
         for key in ("check", "accuracy"):
             if getattr(self, key) is not None:

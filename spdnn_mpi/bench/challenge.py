@@ -92,11 +92,6 @@ def run_peer(name: str, network, rows, threads: int | None,
     return fn(rows)
 
 
-def mode_names(choice: str) -> list[str]:
-    """--compress both|auto|off -> the modes to time, off first (the direct figure)."""
-    return ["off", "auto"] if choice == "both" else [choice]
-
-
 def check_row(ours: np.ndarray, truth: np.ndarray | None, truth_by: str | None,
               others: dict[str, np.ndarray]) -> dict | None:
     """Full-list check of one mode: against the truth, else the first other result given."""
@@ -220,7 +215,7 @@ def bench_case(args: argparse.Namespace, store_path: Path, n_layers: int | None,
     backend.load_network(network.layers, progress=Progress("layout", n_layers, emitter(args)))
     layout_s = time.perf_counter() - t0
     modes = {m: time_mode(args, network, rows, backend, m, read_s + layout_s)
-             for m in mode_names(args.compress)}
+             for m in (["off", "auto"] if args.compress == "both" else [args.compress])}
     info = backend.describe()
     gpu = backend_name == "cuda"
     compile_s = float(info.get("compile_seconds", 0.0))  # inside the layout's time

@@ -34,8 +34,6 @@ from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
-__all__ = ["CudaBackend", "import_cupy"]  # import_cupy: the driver and peers import it here
-
 
 class CudaBackend(Backend):
     """The engine's backend on one NVIDIA GPU (``backends.base.Backend``)."""

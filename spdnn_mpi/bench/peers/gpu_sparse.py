@@ -14,17 +14,13 @@ from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.reference import droppable_after
 
 
-def _cupy():
-    from spdnn_mpi.backends.cuda.backend import import_cupy
-
-    return import_cupy()
-
-
 @out_of_memory_is_a_skip("cusparse")
 def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, float]:
     """Inference through cupyx.scipy.sparse (cuSPARSE SpMM), dead rows dropped per layer
     by index (CuPy's boolean row mask takes 31 GB at 60000 x 65536)."""
-    cp = _cupy()
+    from spdnn_mpi.backends.cuda.compile import import_cupy
+
+    cp = import_cupy()
     import cupyx.scipy.sparse as cps
 
     drop = droppable_after(network)

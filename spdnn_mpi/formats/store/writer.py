@@ -21,10 +21,6 @@ from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
 from spdnn_mpi.util.atomic import atomic_path, write_error
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
 class _GuardedFile:
     """A file for h5py's ``fileobj`` driver that never reports a failed write to HDF5:
     later writes are dropped but counted as done, and ``error`` holds the failure.
@@ -140,7 +136,7 @@ class StoreWriter:
             raise  # pragma: no cover - the line above always raises
         self._file.attrs["format"] = FORMAT_NAME
         self._file.attrs["schema_version"] = SCHEMA_VERSION
-        self._file.attrs["created"] = _now()
+        self._file.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         self._file.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
         self._net = self._file.create_group("network")
         self._net.attrs["readout"] = readout
