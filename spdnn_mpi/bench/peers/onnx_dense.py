@@ -4,11 +4,9 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
+from spdnn_mpi.bench.peers import timed_runs
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
 
@@ -72,11 +70,5 @@ def onnxruntime_infer(network: Network, rows: SparseRows, *, threads: int | None
         parts = [sess.run(None, {"x": x[lo:lo + step]})[0] for lo in range(0, len(x), step)]
         return np.concatenate(parts) if parts else np.zeros((0, network.layers[-1].n_out))
 
-    run()
-    times = []
-    out = None
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - t0)
-    return np.asarray(out, dtype=np.float32), statistics.median(times), times
+    out, median, times = timed_runs(run, repeat)
+    return np.asarray(out, dtype=np.float32), median, times

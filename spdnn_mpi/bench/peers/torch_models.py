@@ -4,11 +4,9 @@ device, or running out of memory, is a ``SpdnnError`` (a skip)."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
+from spdnn_mpi.bench.peers import timed_runs
 from spdnn_mpi.bench.peers.device_memory import out_of_memory_is_a_skip
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
@@ -35,14 +33,8 @@ def torch_csr_t(torch, layer, dev):
 
 
 def _timed(torch, dev, fn, repeat: int) -> tuple[np.ndarray, float, list[float]]:
-    fn()  # warm-up: cuBLAS/cuSPARSE handles, kernel selection
-    torch.cuda.synchronize(dev)
-    times, out = [], None
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = fn()  # ends with a copy to the host, which synchronises
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times), times
+    """``timed_runs`` of ``fn``, which ends with a copy to the host (so synchronises)."""
+    return timed_runs(fn, repeat, lambda: torch.cuda.synchronize(dev))
 
 
 def _epilogue(torch, z, layer):
