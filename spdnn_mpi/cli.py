@@ -1,8 +1,6 @@
-"""The ``spdnn`` command: one entry point, one subcommand per task.
-
-Each subcommand lives in its own module exposing ``add_arguments(parser)``
-and ``run(args) -> int``; this file only wires them up and turns
-``SpdnnError`` into a one-line message and exit status 2.
+"""The ``spdnn`` command: one subcommand a module of ``spdnn_mpi.commands``
+(``add_arguments(parser)``, ``run(args) -> int``); a ``SpdnnError`` is one line and
+exit status 2.
 """
 
 from __future__ import annotations

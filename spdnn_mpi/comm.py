@@ -1,9 +1,8 @@
 """All MPI in one place: partition, node-local placement, error agreement, gathers.
 
-Functions take the communicator as an argument; nothing here reaches for
-``COMM_WORLD`` on its own except ``world()``, which the driver calls once.
-There is no communication inside the layer loop: ranks meet only at
-checkpoints (after loading, after inference) and for the final gather.
+Functions take the communicator as an argument (only ``world()`` reaches for
+``COMM_WORLD``). Ranks meet only at checkpoints and for the final gather, never
+inside the layer loop.
 """
 
 from __future__ import annotations
@@ -57,12 +56,8 @@ def launched_processes(environ: dict | None = None) -> tuple[str, int | None] | 
 
 
 class SelfComm:
-    """A communicator of one process, for machines with no MPI library.
-
-    Implements just what this package calls, with the semantics of a
-    one-rank ``MPI.COMM_WORLD``, so ``spdnn infer`` and ``spdnn demo`` run
-    on a plain ``pip install`` without MPI.
-    """
+    """A one-rank ``MPI.COMM_WORLD`` with just what this package calls, so ``spdnn``
+    runs where no MPI library is installed."""
 
     rank = 0
     size = 1
@@ -85,20 +80,13 @@ class SelfComm:
     def Bcast(self, buf, root: int = 0) -> None:  # noqa: N802
         pass
 
-    def Barrier(self) -> None:  # noqa: N802
-        pass
-
     def Free(self) -> None:  # noqa: N802
         pass
 
 
 def world():
-    """``MPI.COMM_WORLD``, or a :class:`SelfComm` when no MPI can load in a lone process.
-
-    mpi4py is imported here, on first use, so nothing else needs it. Without
-    an MPI library a process that a launcher started as one of several stops
-    with a message saying how to get one (running alone would be wrong).
-    """
+    """``MPI.COMM_WORLD`` (mpi4py imported on first use), or a :class:`SelfComm` when no
+    MPI can load in a lone process; one of several launched processes stops instead."""
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError, OSError) as exc:
@@ -137,12 +125,9 @@ def agree_on_command(command: str) -> None:
 
 
 def check_agreement(comm, facts: dict[str, tuple[str, str]]) -> None:
-    """Stop every rank when ranks were given different stores or options.
-
-    ``facts`` maps a name to (value compared, value shown). Ranks that
-    disagree would otherwise meet in collectives of different sizes and hang;
-    one allgather of these few strings, at start-up, finds it at once.
-    """
+    """Stop every rank when ranks were given different stores or options (they would
+    otherwise hang in collectives of different sizes). ``facts``: name -> (value
+    compared, value shown)."""
     everyone = comm.allgather(facts)
     first = everyone[0]
     for rank, theirs in enumerate(everyone[1:], start=1):
@@ -159,9 +144,8 @@ def check_agreement(comm, facts: dict[str, tuple[str, str]]) -> None:
 def partition(n_items: int, n_parts: int, weights: np.ndarray | None = None) -> np.ndarray:
     """Contiguous split of ``n_items`` into ``n_parts`` ranges; returns bounds (n_parts + 1).
 
-    Balanced by count, or by the cumulative ``weights`` (e.g. input nonzeros
-    per image) when given. Every item lands in exactly one range; ranges may
-    be empty when there are more parts than items.
+    Balanced by count, or by ``weights`` (e.g. input nonzeros per image). Every item
+    lands in exactly one range; ranges may be empty.
     """
     if n_parts < 1:
         raise ValueError("n_parts must be >= 1")
@@ -210,11 +194,8 @@ def cpu_threads_per_rank(local_size: int, requested: int | None) -> int:
 
 
 def gpu_index(node: NodeInfo, visible: int, oversubscribe: bool) -> int:
-    """The device index this rank uses, by its rank within the node.
-
-    Honours CUDA_VISIBLE_DEVICES and schedulers that give each task its own
-    GPU (then every rank sees one device, index 0).
-    """
+    """The device index this rank uses, by its rank within the node (``visible``: the
+    devices it sees, one where the scheduler gives each task its own)."""
     if visible < 1:
         raise SpdnnError("the CUDA backend was asked for but no GPU is visible")
     if visible >= node.local_size:
@@ -239,12 +220,8 @@ def check_gpu_sharing(node: NodeInfo, uuids: list[str], oversubscribe: bool) -> 
 
 
 def checkpoint(comm, error: str | None) -> None:
-    """Agree across ranks: if any rank failed, every rank raises the first failure.
-
-    Each rank arrives with its own error (or None), so a failing rank never
-    leaves the others waiting in a later collective. The ``RankFailure``
-    names the first failing rank by its real number; only that rank prints
-    it (see ``cli.main``), so the user reads one message, not one per rank.
+    """Agree across ranks: if any rank failed (``error`` not None), every rank raises
+    ``RankFailure`` naming the first failing rank, which alone prints it (``cli.main``).
     """
     errors = comm.allgather(error)
     failed = [rank for rank, err in enumerate(errors) if err is not None]
@@ -285,9 +262,11 @@ def gather_ids(comm, ids: np.ndarray, root: int = 0) -> np.ndarray | None:
         return ids.copy()
     counts = comm.gather(len(ids), root=root)
     if comm.Get_rank() == root:
+        from mpi4py import MPI
+
         out = np.empty(int(sum(counts)), dtype=np.int64)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        comm.Gatherv(ids, [out, counts, displs, _mpi_int64()], root=root)
+        comm.Gatherv(ids, [out, counts, displs, MPI.INT64_T], root=root)
         return out
     comm.Gatherv(ids, None, root=root)
     return None
@@ -301,12 +280,6 @@ def sum_to_root(comm, values: np.ndarray, root: int = 0) -> np.ndarray:
     total = np.zeros_like(values)
     comm.Reduce(values, total, root=root)
     return total
-
-
-def _mpi_int64():
-    from mpi4py import MPI
-
-    return MPI.INT64_T
 
 
 def broadcast_arrays(comm, arrays: list[np.ndarray] | None, root: int = 0) -> list[np.ndarray]:

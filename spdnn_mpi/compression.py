@@ -1,18 +1,10 @@
 """Exact activation compression: compute each distinct live row once.
 
-Two rows that are bit-identical after a layer stay bit-identical through
-every later layer (each layer is a deterministic function of the row alone),
-so a backend may keep one representative per group of identical rows and
-run the later layers on the representatives only. The categories and final
-features are then bit for bit those of the uncompressed run: every member of
-a group is alive exactly when its representative is, with its features.
-
-This module holds what is backend-independent: the cadence (after which
-layers the engine asks the backend to look for duplicates) and the
-bookkeeping that maps the representatives' results back onto every image.
-A backend finds the groups itself, on its own device (see
-``backends.base.Backend.merge_duplicate_rows``), by a hash per row and then an exact
-comparison inside each hash group, never trusting a hash alone.
+Rows bit-identical after a layer stay so through every later layer, so the later
+layers run on one representative per group and the results are bit for bit those
+of the uncompressed run. Here: the cadence of the checks and the bookkeeping that
+maps the representatives' results back onto every image; a backend finds the
+groups itself (``Backend.merge_duplicate_rows``).
 """
 
 from __future__ import annotations
@@ -25,43 +17,30 @@ import numpy as np
 #: --compress choices of ``spdnn infer`` (``spdnn bench`` adds ``both``).
 COMPRESS_MODES = ("auto", "off")
 
-#: Layers (1-based counts done) after which a check may run: every few layers
-#: early, where rows die and then collapse (measured on the real 1024
-#: network: 39896 distinct of 59940 after layer 1, 9 of 2868 after layer 20,
-#: one from layer 30), then every CHECK_STRIDE layers. The set does not depend
-#: on the data, so a backend that cuts queued work at these layers (CUDA
-#: graphs) cuts it at the same places in every run.
+#: Layers (1-based counts done) after which a check may run: often early, where rows
+#: collapse (1024 network: 9 distinct of 2868 rows after layer 20), then every
+#: CHECK_STRIDE. Data-independent, so queued work is cut at the same layers every run.
 EARLY_CHECKPOINTS = (1, 2, 4, 8, 12, 16, 20, 24, 28, 32)
 CHECK_STRIDE = 32
-#: Where a check costs much against a layer (the CUDA backend: a sort and
-#: two device-host copies), it runs only once the live count falls by less
-#: than this fraction per layer: while rows still die fast, dropping them does
-#: the work, and a check over tens of thousands of rows that die a few layers
-#: later does not pay (measured on an H200: checks after layers 1-8 made those
-#: layers 3.5x slower). See ``fall_rule``.
+#: Where checks are dear (``fall_rule``), one runs only once the live count falls by
+#: less than this a layer (checks after layers 1-8 made them 3.5x slower, H200).
 MAX_FALL_PER_LAYER = 0.02
-#: Where the held rows are many values (rows x width at least BIG_HELD), each
-#: layer costs so much more than a check's fixed overhead that a check is
-#: worth it while rows still die at up to MAX_FALL_BIG per layer (measured:
-#: at 65536 x 1920 the first merge came 4 layers late, at 1.6 ms a layer).
+#: From BIG_HELD values held (rows x width) a layer costs so much that a check pays
+#: up to MAX_FALL_BIG a layer (65536 x 1920: the first merge came 4 layers late).
 BIG_HELD = 1 << 25
 MAX_FALL_BIG = 0.10
 
 
 def fall_rule(fall: float | None, held_values: int) -> bool:
     """Whether a check pays on a backend where checks are dear (``check_pays``).
-
-    ``fall``: the live count's fall per layer since the last sample (None: no
-    sample yet); ``held_values``: rows x width held now.
-    """
+    ``fall``: the live count's fall per layer since the last sample (None: none yet)."""
     if fall is None:
         return False
     return fall < (MAX_FALL_BIG if held_values >= BIG_HELD else MAX_FALL_PER_LAYER)
 
 
-#: A check that removes less than this fraction of the rows doubles the gap
-#: to the next check, so networks whose rows never collapse pay for a
-#: logarithmic number of checks.
+#: A check that removes less than this fraction of the rows doubles the gap to the
+#: next (rows that never collapse pay for a logarithmic number of checks).
 MIN_GAIN = 0.05
 #: Largest gap between checks, in layers.
 MAX_GAP = 512
@@ -69,12 +48,9 @@ MAX_GAP = 512
 
 @dataclass
 class RowGroups:
-    """What a backend reports after merging the identical rows it holds.
-
-    ``members[i]`` (a 0-based row position in the batch) was merged into the
-    representative at position ``owners[i]``; ``kept`` lists the positions of
-    every row held after the merge (the representatives, sorted).
-    """
+    """What a backend reports after merging the identical rows it holds: row
+    ``members[i]`` (a position in the batch) went into ``owners[i]``; ``kept``: the
+    positions held after the merge, sorted."""
 
     rows_before: int
     kept: np.ndarray
@@ -104,12 +80,8 @@ def is_checkpoint(layers_done: int) -> bool:
 
 
 class Compressor:
-    """Cadence and bookkeeping of compression for one batch of ``n_rows`` rows.
-
-    ``unit_rows``: rows the backend computes as one unit (a tile); once the
-    representatives fit in one unit, merging more saves nothing and the
-    checks stop.
-    """
+    """Cadence and bookkeeping of compression for one batch of ``n_rows`` rows; the
+    checks stop once the representatives fit in ``unit_rows`` (a backend's tile)."""
 
     def __init__(self, n_rows: int, unit_rows: int = 1) -> None:
         self.unit_rows = unit_rows
@@ -127,11 +99,8 @@ class Compressor:
 
     def wants_check(self, layers_done: int, live: int, width: int = 1,
                     pays: Callable[[float | None, int], bool] = fall_rule) -> bool:
-        """Given the live rows now (``width`` values each), whether to check
-        (else: ask at the next checkpoint). ``pays(fall, held_values)`` is the
-        backend's rule (``Backend.check_pays``): ``fall`` is the live count's
-        fall per layer since the last sample, None before the first.
-        """
+        """Given the live rows now (``width`` values each), whether to check (else: ask
+        at the next checkpoint); ``pays`` is the backend's rule (``Backend.check_pays``)."""
         prev, self._sample = self._sample, (layers_done, live)
         if live == 0:
             return False
@@ -145,7 +114,6 @@ class Compressor:
         members = np.asarray(groups.members, dtype=np.int64)
         owners = np.asarray(groups.owners, dtype=np.int64)
         if len(members):
-            # members are representatives until now: their groups join the owner's
             np.add.at(self.weight, owners, self.weight[members])
             self.owner[members] = owners
         kept = np.asarray(groups.kept, dtype=np.int64)

@@ -1,17 +1,12 @@
-"""One distributed inference run, as a few named steps.
-
-The same function serves one process and any number of MPI ranks: each rank
-reads its contiguous range of images and the (replicated) weights, runs the
-engine with no communication, and rank 0 gathers the surviving ids.
+"""One distributed inference run (one process or any number of MPI ranks), in steps:
 
     open_run -> agree -> read_rank_data -> share the weights -> prepare_backend
-    (one rank a node compiles the kernels first) -> lay_out -> infer -> gather_report
+    -> lay_out -> infer -> gather_report
 
-A step runs on every rank inside ``comm.run_phase``, so a failure on any rank
-stops every rank at the checkpoint that ends the step. Collectives (the
-agreement, the weights' broadcast, the GPU check, the gathers) happen only
-between steps, where every rank is known to have arrived: a rank that fails
-can never leave the others waiting in a broadcast.
+Each rank runs the engine on its contiguous range of images with no communication.
+A step runs on every rank inside ``comm.run_phase``, so a failure on any rank stops
+every rank; collectives happen only between steps, so a failed rank can never
+leave the others waiting.
 """
 
 from __future__ import annotations
@@ -106,10 +101,7 @@ def check_outputs(opts: RunOptions) -> None:
 
 def agreement_facts(opts: RunOptions, store: Store) -> dict[str, tuple[str, str]]:
     """What every rank of one run must share: {name: (value compared, value shown)}.
-
-    The store is compared by its identity, not its path, so node-local copies
-    agree; ``--threads`` may differ (nodes may differ).
-    """
+    The store by its identity, so node-local copies agree; ``--threads`` may differ."""
     facts = {"store": (store.identity(), f"{opts.store} ({store.describe_identity()})")}
     for name in ("layers", "backend", "partition", "batch", "weights_load", "oversubscribe_gpus",
                  "compress", "check", "out", "json"):
@@ -140,22 +132,25 @@ def open_run(opts: RunOptions, rank: int, size: int, opened: list[Store]) -> Run
             if n_layers == store.n_layers:  # labels score the whole network's outputs only
                 plan.labels = store.labels()
             if opts.check:
-                plan.reference = store.predictions(n_layers)
-                if plan.reference is None:
-                    raise SpdnnError(
-                        f"{opts.store}: no reference predictions stored for {n_layers} layers "
-                        f"(stored: {store.prediction_layers() or 'none'}); run without --check")
+                plan.reference = _checked_against(store.predictions(n_layers), opts, n_layers,
+                                                  "reference predictions", store.prediction_layers)
         elif opts.check:
-            plan.truth = store.truth(n_layers)
-            if plan.truth is None:
-                raise SpdnnError(
-                    f"{opts.store}: no truth stored for {n_layers} layers "
-                    f"(stored: {store.truth_layers() or 'none'}); run without --check")
+            plan.truth = _checked_against(store.truth(n_layers), opts, n_layers, "truth",
+                                          store.truth_layers)
     if opts.partition == "count":
         plan.bounds = mpi.partition(plan.n_images, size)
     elif rank == 0:
         plan.bounds = mpi.partition(plan.n_images, size, store.input_row_nnz())
     return plan
+
+
+def _checked_against(found: np.ndarray | None, opts: RunOptions, n_layers: int, what: str,
+                     stored: Callable[[], list]) -> np.ndarray:
+    """What ``--check`` compares with, or the error naming the layer counts ``stored``."""
+    if found is None:
+        raise SpdnnError(f"{opts.store}: no {what} stored for {n_layers} layers "
+                         f"(stored: {stored() or 'none'}); run without --check")
+    return found
 
 
 def read_rank_data(plan: RunPlan, bounds: np.ndarray, rank: int, reads_weights: bool) -> RankData:
@@ -193,8 +188,8 @@ def gpu_uuid(device: int) -> str:
 def prepare_backend(backend_name: str, options: dict, data: RankData,
                     compile_now: bool) -> tuple[Backend, float]:
     """Step 4, on every rank: build the backend; where ``compile_now`` (the first rank
-    of each node) also compile its kernels, which the node's other ranks then load
-    from the disk cache instead of all compiling at once. (backend, seconds)."""
+    of each node) also compile its kernels, so the node's other ranks load them from
+    the disk cache instead of all compiling at once. (backend, seconds)."""
     t0 = time.perf_counter()
     backend = make_backend(backend_name, **options)
     if compile_now:
@@ -204,9 +199,8 @@ def prepare_backend(backend_name: str, options: dict, data: RankData,
 
 def lay_out(backend: Backend, plan: RunPlan, data: RankData, opts: RunOptions,
             emit: Callable[[str], None] | None) -> tuple[float, float]:
-    """Step 5, on every rank: lay out the network and warm up; (layout seconds,
-    warm-up seconds). The untimed warm-up on a few rows keeps first-call costs (CUDA
-    graph capture, numba loading its cached kernels) out of inference."""
+    """Step 5, on every rank: lay out the network and warm up on a few rows, keeping
+    first-call costs out of inference; (layout seconds, warm-up seconds)."""
     t0 = time.perf_counter()
     backend.load_network(data.network.layers, progress=Progress("layout", plan.n_layers, emit))
     t1 = time.perf_counter()
@@ -216,10 +210,7 @@ def lay_out(backend: Backend, plan: RunPlan, data: RankData, opts: RunOptions,
 
 
 def distributed_infer(comm, opts: RunOptions) -> RunReport | None:
-    """Run inference across ``comm``; rank 0 returns the report (others None).
-
-    Any rank's failure in a step stops every rank with that rank's message.
-    """
+    """Run inference across ``comm``; rank 0 returns the report (others None)."""
     node, local = mpi.node_info(comm)
     opened: list[Store] = []
     try:

@@ -1,14 +1,8 @@
 """The layer loop, written once, over any backend.
 
-For each layer the backend computes ``Y <- min(max(Y @ W + b, floor), clip)``
-(floor 0 for ReLU, -inf for no activation) for its active rows and marks
-which rows still have a nonzero; where that is exact
-(every later layer maps a zero row to zero) the backend drops the dead rows
-before the next layer, keeping their original image ids. Inputs that do not
-fit are processed in batches with identical results. With compression on
-(``compress="auto"``), the engine asks the backend at checkpoints to merge
-bit-identical rows, so later layers compute each distinct row once
-(``compression``); results are mapped back onto every image, bit for bit.
+Each layer is ``Y <- min(max(Y @ W + b, floor), clip)``; where every later layer
+maps a zero row to zero, dead rows are dropped (``reference.droppable_after``).
+Batches and compression (``compress="auto"``) leave the results bit for bit alike.
 """
 
 from __future__ import annotations
@@ -80,10 +74,9 @@ def run_inference(
 ) -> InferenceResult:
     """Run every layer of ``network`` over ``rows`` on an already loaded ``backend``.
 
-    Timing follows the challenge (and the 2020 code we compare with): the
-    clock covers the layers and fetching the survivors, per batch; putting a
-    batch's inputs on the device is timed apart as ``input_seconds``, like
-    reading the weights is. Compression checks run inside the timed loop.
+    As the challenge times it, the clock covers the layers (compression checks
+    included) and fetching the survivors; loading a batch's inputs is
+    ``input_seconds``.
     """
     if compress not in COMPRESS_MODES:
         raise SpdnnError(f"unknown compress mode {compress!r}; choose {', '.join(COMPRESS_MODES)}")
@@ -151,12 +144,7 @@ def run_inference(
 
 def rows_computed(rows: SparseRows, live_after: Sequence[int], drop: list[bool],
                   comp: Compressor | None) -> np.ndarray:
-    """Rows that entered each layer of one batch (representatives once merged).
-
-    Layer 0 gets the input rows (the nonempty ones when empty rows drop);
-    layer k the rows alive after layer k - 1 where dead rows drop, else all
-    it held; a merge after layer k - 1 leaves its representatives.
-    """
+    """Rows that entered each layer of one batch (representatives once merged)."""
     n_layers = len(live_after)
     merged = {e.layer: e.representatives for e in comp.events} if comp is not None else {}
     out = np.zeros(n_layers, dtype=np.int64)
@@ -173,13 +161,8 @@ def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat:
                    batch: int | None = None, compress: str = "off",
                    want_features: bool = False,
                    ) -> tuple[float, list[float], InferenceResult]:
-    """(median seconds, every run's seconds, last result) of ``repeat`` timed runs.
-
-    An untimed warm-up first keeps compilation and CUDA graph capture out of
-    the numbers: on ``backend.warm_up_rows`` rows, or all of them where that is
-    None (a graph captured for fewer rows ends differently and is not reused).
-    The benchmark uses it.
-    """
+    """(median seconds, every run's seconds, last result) of ``repeat`` timed runs,
+    after an untimed warm-up on ``backend.warm_up_rows`` rows (None: all)."""
     warm = rows.n_rows if backend.warm_up_rows is None else min(rows.n_rows, backend.warm_up_rows)
     run_inference(network, rows.slice(0, warm), backend, batch=batch,
                   compress=compress, want_features=want_features)

@@ -35,12 +35,8 @@ class ModelFormatError(SpdnnError):
 
 
 class RankFailure(SpdnnError):
-    """A failure some rank had in a phase, as every rank learns it at a checkpoint.
-
-    Every rank raises it (so all stop), but only the rank that failed first
-    has ``print_here`` set: the CLI prints the message once, from that rank,
-    and the others exit with the same status silently.
-    """
+    """A failure some rank had in a phase, raised on every rank; only the rank that
+    failed first has ``print_here`` set, so the CLI prints it once."""
 
     def __init__(self, message: str, rank: int, print_here: bool):
         super().__init__(message)

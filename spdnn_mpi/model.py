@@ -1,8 +1,7 @@
 """In-memory form of a sparse MLP and its inputs, shared by every module.
 
-A layer is kept as CSR of W transposed: row ``j`` lists the input neurons that
-feed output neuron ``j``. That is the layout every backend computes from
-(gather over the inputs of one output) and the layout the store keeps.
+A layer is CSR of W transposed (row ``j``: the inputs of output ``j``), the layout
+every backend computes from and the store keeps.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ CHALLENGE_WEIGHT = 1.0 / 16.0
 CHALLENGE_BIAS = {1024: -0.30, 4096: -0.35, 16384: -0.40, 65536: -0.45}
 CHALLENGE_NEURONS = (1024, 4096, 16384, 65536)
 CHALLENGE_LAYERS = (120, 480, 1920)
-CHALLENGE_IMAGES = 60000
 
 #: Per-layer activations: ``relu`` (the challenge's, hidden layers) or ``none``
 #: (a linear output layer, e.g. the logits of a classifier).
@@ -29,11 +27,8 @@ READOUTS = ("alive", "argmax")
 
 
 def challenge_bias(neurons: int) -> float:
-    """Bias of the challenge network with ``neurons`` neurons.
-
-    The published table, extended by -0.05 per factor of 4 for other
-    N = 16 * 4**m so generated networks of other sizes follow the same trend.
-    """
+    """Bias of the challenge network with ``neurons`` neurons: the published table,
+    extended by -0.05 per factor of 4 for the other N = 16 * 4**m."""
     if neurons in CHALLENGE_BIAS:
         return CHALLENGE_BIAS[neurons]
     return round(-0.30 - 0.05 * math.log(neurons / 1024, 4), 6)
@@ -48,12 +43,8 @@ def index_dtype(extent: int) -> np.dtype:
 class Layer:
     """One layer ``y = min(act(x @ W + bias), clip)`` with W stored as CSR of W^T.
 
-    ``values`` is None when every weight equals ``uniform_value`` (the
-    challenge's 1/16), so that case carries no value array. ``bias`` is a
-    Python float or a float32 vector of length ``n_out``; ``clip`` None means
-    no upper clip. ``activation`` is ``relu`` (``act(z) = max(z, 0)``) or
-    ``none`` (``act(z) = z``); every backend writes it as
-    ``min(max(z, floor), clip)`` with ``floor`` 0 or -inf.
+    ``values`` is None when every weight equals ``uniform_value``. ``bias``: a float
+    or a float32 vector of length ``n_out``; ``clip`` None: no upper clip.
     """
 
     n_in: int
@@ -107,12 +98,8 @@ class Layer:
 
     @property
     def maps_zero_to_zero(self) -> bool:
-        """True when an all-zero input row gives an all-zero output.
-
-        ReLU: every bias <= 0; no activation: every bias == 0 (and, for both,
-        a clip that keeps 0 at 0). Only then may a dead row be dropped: it can
-        never come back.
-        """
+        """True when an all-zero input row gives an all-zero output (only then may a
+        dead row be dropped: it can never come back)."""
         bias = np.asarray(self.bias)
         ok = np.all(bias <= 0) if self.activation == "relu" else np.all(bias == 0)
         return bool(ok) and (self.clip is None or self.clip >= 0)
@@ -159,11 +146,8 @@ class Layer:
         clip: float | None = None,
         activation: str = "relu",
     ) -> Layer:
-        """Build from 0-based (input i, output j, value) triples of W(i, j).
-
-        Entries are sorted by (j, i); duplicates must have been rejected by the
-        caller. Values that are all equal collapse to ``uniform_value``.
-        """
+        """Build from 0-based (input i, output j, value) triples of W(i, j), free of
+        duplicates; values that are all equal collapse to ``uniform_value``."""
         rows_in = np.asarray(rows_in)
         cols_out = np.asarray(cols_out)
         values = np.asarray(values, dtype=np.float32)
@@ -217,9 +201,7 @@ class Network:
 class SparseRows:
     """A CSR block of input feature rows (images x neurons), 0-based ids.
 
-    ``values`` is None for binary inputs (every stored entry is 1).
-    ``first_row`` is the global index of row 0, so a rank's slice keeps the
-    image ids it was given.
+    ``values`` is None for binary inputs; ``first_row`` is the global index of row 0.
     """
 
     n_cols: int

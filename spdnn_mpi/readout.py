@@ -1,11 +1,6 @@
-"""What a run reports, compared and scored: categories or one class per image.
-
-A network's ``readout`` says what a run reports (``model.READOUTS``): the
-challenge's categories (``alive``: ids of the images whose final row has a
-nonzero), or for classifiers (``argmax``) the index of the largest final
-feature of every image. Ties go to the lowest index, as
-in ``numpy.argmax`` and ONNX ArgMax. Rows without final features (dropped as
-dead, or all zero at the end) are all-zero rows, whose class is 0.
+"""What a run reports, compared and scored (``model.READOUTS``): the challenge's
+categories (``alive``) or one class per image (``argmax``: ties to the lowest index,
+as ONNX ArgMax; rows without final features are all-zero rows, of class 0).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The plain reference every fast path is tested against (scipy.sparse, no tricks).
 
-It applies ``Y <- min(act(Y @ W + b), clip)`` (``act`` ReLU or none) to whole
-feature matrices. The only economy is dropping rows that are all zero, and
-only where that is exact: when every remaining layer maps a zero row to a
-zero row (``Layer.maps_zero_to_zero``). A row is alive when any of its values
-is nonzero.
+Its one economy is dropping all-zero rows where that is exact (every remaining
+layer maps a zero row to zero). A row is alive when any of its values is nonzero.
 """
 
 from __future__ import annotations
@@ -20,11 +17,8 @@ LayerProgress = Callable[..., None]  # (layers done[, detail]), e.g. a progress.
 
 
 def droppable_after(network: Network) -> list[bool]:
-    """``out[k]``: rows dead after layer k (k = -1 .. L-1, shifted by one) stay dead.
-
-    ``out[0]`` is for dead input rows, ``out[k + 1]`` for rows dead after
-    0-based layer ``k``. True when every later layer maps zero to zero.
-    """
+    """Whether dead rows stay dead: ``out[0]`` for dead input rows, ``out[k + 1]``
+    after 0-based layer ``k`` (every later layer maps zero to zero)."""
     flags = [False] * (network.n_layers + 1)
     ok = True
     for k in range(network.n_layers, -1, -1):
@@ -54,11 +48,8 @@ def reference_infer(network: Network, rows: SparseRows,
 
 def reference_categories_at(network: Network, rows: SparseRows, counts: list[int],
                             progress: LayerProgress | None = None) -> dict[int, np.ndarray]:
-    """Categories after each of ``counts`` layers, from one pass over the layers.
-
-    The challenge's 120- and 480-layer networks are prefixes of the 1920-layer
-    one, so their truth comes from one run instead of three.
-    """
+    """Categories after each of ``counts`` layers, from one pass (the challenge's
+    120- and 480-layer networks are prefixes of the 1920-layer one)."""
     bad = [n for n in counts if not 1 <= n <= network.n_layers]
     if bad:
         raise ValueError(f"layer counts {bad} outside 1..{network.n_layers}")
@@ -69,8 +60,7 @@ def reference_categories_at(network: Network, rows: SparseRows, counts: list[int
 
 def reference_memory_bytes(n_rows: int, width: int) -> int:
     """Host memory the reference pass needs beyond its inputs: about three dense
-    float32 matrices of ``n_rows`` x ``width`` (features in, features out and
-    transient copies; measured 12.4 B per entry at 60000 x 1024)."""
+    float32 matrices of ``n_rows`` x ``width`` (measured 12.4 B an entry at 60000 x 1024)."""
     return 3 * 4 * int(n_rows) * int(width)
 
 
@@ -88,11 +78,7 @@ def _dense_t(rows: SparseRows, positions: np.ndarray) -> np.ndarray:
 def _reference_pass(network: Network, rows: SparseRows, counts,
                     progress: LayerProgress | None = None):
     """(ids, features transposed) after all layers, and categories after each of ``counts``.
-
-    Features are kept transposed (neurons x rows, C order): ``W^T @ Y^T`` then
-    reads and writes whole contiguous rows, with no transposed copy per layer,
-    and at most two dense matrices are alive at once.
-    """
+    Transposed (neurons x rows), ``W^T @ Y^T`` needs no transposed copy per layer."""
     out: dict[int, np.ndarray] = {}
     drop = droppable_after(network)
     positions = np.arange(rows.n_rows, dtype=np.int64)
@@ -104,7 +90,7 @@ def _reference_pass(network: Network, rows: SparseRows, counts,
         z = np.asarray(layer.to_scipy_t() @ yt, dtype=np.float32)
         yt = None  # free the input features before the next matrix is made
         z += layer.bias_vector()[:, None]
-        z = layer.activate(z)  # elementwise, in place: neurons x rows is fine
+        z = layer.activate(z)
         alive = z.any(axis=0)
         if k + 1 in counts:
             out[k + 1] = np.sort(ids[alive]) + 1
@@ -124,12 +110,8 @@ def reference_categories(network: Network, rows: SparseRows,
 
 
 def reference_predictions(network: Network, rows: SparseRows) -> np.ndarray:
-    """One predicted class per row (0-based, int64): the argmax of its final features.
-
-    Ties go to the lowest index (``numpy.argmax``, ONNX ArgMax). A row dropped
-    as dead (only where every later layer maps zero to zero) has an all-zero
-    final row, so its class is that of a zero row: 0.
-    """
+    """One predicted class per row (0-based, int64): the argmax of its final features,
+    ties to the lowest index (ONNX ArgMax); a row dropped as dead gets class 0."""
     ids, yt, _ = _reference_pass(network, rows, ())
     return classes_of_rows(rows.n_rows, ids - rows.first_row, yt.T)
 

@@ -47,14 +47,12 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
-    import numpy
-
     return {
         "hostname": socket.gethostname(),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "numpy": numpy.__version__,
+        "numpy": np.__version__,
         "platform": platform.platform(),
     }
 
@@ -70,8 +68,6 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
 
 
 def _plain(obj):
-    import numpy as np
-
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):
@@ -157,9 +153,6 @@ class RunReport:
         s = self.inference_seconds
         return self.computed_edges / s if s > 0 else float("inf")
 
-    def _max(self, key: str):
-        return max(r[key] for r in self.per_rank)
-
     def to_json(self) -> dict:
         """The report as written by ``--json`` (and read by the text summary)."""
         out = {
@@ -182,7 +175,7 @@ class RunReport:
         for key in ("input_seconds", "load_seconds", "validate_seconds", "layout_seconds",
                     "compile_seconds", "warm_up_seconds", "peak_host_bytes",
                     "peak_children_bytes"):
-            out[key] = self._max(key)
+            out[key] = max(r[key] for r in self.per_rank)
         out["kernels_compiled"] = any(r["kernels_compiled"] for r in self.per_rank)
         for key in ("check", "accuracy"):
             if getattr(self, key) is not None:

@@ -1,8 +1,6 @@
-"""Truth backends: who computes the reference categories stored with a network.
-
-A truth backend is any callable ``(network, rows) -> sorted 1-based ids``;
-``generate`` and ``prepare`` pick one by name here.
-"""
+"""Truth backends: who computes the reference categories stored with a network (any
+callable ``(network, rows) -> sorted 1-based ids``; ``generate`` and ``prepare``
+pick one by name here)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from typing import Any
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.util.progress import Emit
 
-#: Truth backends by name: "module:function" of a ``(network, rows) -> categories``
-#: callable. "none" writes no truth. Faster backends register here.
+#: Truth backends by name: "module:function" of the callable; "none" writes no truth.
 TRUTH_BACKENDS: dict[str, str | None] = {
     "reference": "spdnn_mpi.reference:reference_categories",
     "cpu": "spdnn_mpi.backends.cpu.backend:cpu_categories",
@@ -72,11 +69,8 @@ def check_truth_memory(truth_name: str, truth_fn: TruthFn | None, n_rows: int, w
 
 def truth_by_count(truth_fn: TruthFn, layers: list, rows, counts: Sequence[int],
                    emit: Emit | None = None, name: str = "") -> Iterator:
-    """Yield (count, categories after the first ``count`` layers) for each count.
-
-    The plain reference does every count in one pass (shorter networks are
-    prefixes of the deepest); other backends run once per count. Progress
-    lines (layers done, rate, time left) go to ``emit``.
+    """Yield (count, categories after the first ``count`` layers) for each count: in
+    one pass with the plain reference, else one run a count; progress lines to ``emit``.
     """
     from spdnn_mpi.model import Network
     from spdnn_mpi.reference import reference_categories, reference_categories_at

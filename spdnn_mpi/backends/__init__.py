@@ -1,8 +1,5 @@
-"""Compute backends behind the engine's small interface (``backends.base.Backend``).
-
-``make_backend`` is the one place that picks and builds a backend, so the
-CLI, the benchmark and the MPI driver all choose the same way.
-"""
+"""Compute backends behind the engine's small interface (``backends.base.Backend``);
+``make_backend`` is the one place that builds one."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The interface between the engine's layer loop and a compute backend.
 
-A backend holds one network's layout and one batch of feature rows. The
-engine (``engine.run_inference``) calls, per batch: ``load_features``, then
-``run_layer`` for every layer (with ``merge_duplicate_rows`` or ``flush`` at
-compression checkpoints), then ``finish``. Subclasses write what they do;
-the defaults suit a backend that runs each call to completion on the host.
+A backend holds one network's layout and one batch of feature rows. Per batch the
+engine calls ``load_features``, ``run_layer`` for every layer (``merge_duplicate_rows``
+or ``flush`` at compression checkpoints), then ``finish``. The defaults suit a
+backend that runs each call to completion on the host.
 """
 
 from __future__ import annotations
@@ -60,11 +59,7 @@ class Backend(ABC):
     @abstractmethod
     def merge_duplicate_rows(self) -> RowGroups:
         """Keep one row per group of bit-identical rows held now; say who went where.
-
-        Groups are found by a hash per row and confirmed by an exact comparison
-        with the group's first row (a hash alone is never trusted).
-        Representatives keep their order.
-        """
+        Never trusts a hash alone (exact comparison); representatives keep their order."""
 
     @abstractmethod
     def live_count(self) -> int:
@@ -76,8 +71,7 @@ class Backend(ABC):
 
     def prepare_kernels(self, layers: Sequence[Layer]) -> None:  # noqa: B027 - a default
         """Compile (or load from a disk cache) the kernels these layers need, before
-        ``load_network``: the driver runs it on one rank per node first, so the node's
-        other ranks load what that one compiled instead of all compiling at once."""
+        ``load_network`` (the driver runs it on one rank per node first)."""
 
     def synchronize(self) -> None:  # noqa: B027 - a default, not abstract
         """Wait until all queued work is done."""

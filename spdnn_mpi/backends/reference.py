@@ -1,7 +1,4 @@
-"""The scipy.sparse reference as a backend, so ``spdnn infer --backend reference`` works.
-
-Deliberately plain: one sparse product per layer on dense float32 rows.
-"""
+"""The scipy.sparse reference as a backend (``spdnn infer --backend reference``)."""
 
 from __future__ import annotations
 

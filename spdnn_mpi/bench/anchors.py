@@ -1,10 +1,7 @@
-"""Published single-GPU results the benchmark prints beside ours (TeraEdges/s).
-
-From ../shared/reference/challenge.md: the 2020 paper's A100 column
-(Hidayetoglu et al., HPEC 2020, Table I: every live row computed, what our
-``off`` mode compares with) and SNICIT (Jiang et al., ICPP 2023, Table 3
-runtimes on an RTX A6000 converted with the challenge's formula: converged
-rows computed once, what our ``auto`` mode compares with).
+"""Published single-GPU results the benchmark prints beside ours (TeraEdges/s): the 2020
+paper's A100 (Hidayetoglu et al., HPEC 2020, Table I; every live row, like ``off``) and
+SNICIT (Jiang et al., ICPP 2023, Table 3 on an RTX A6000; rows once converged, like
+``auto``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The challenge part of `spdnn bench`: cases, timing, checks, peers and simulated ranks.
 
-A case is a store (given, or generated once per N into the data folder for
-``--config``/``--challenge``) and a layer count. Each case is timed in each
-compression mode (off: every live row computed; auto: each group of
-bit-identical rows once), checked against the store's truth or a peer, and
-the peers (GraphBLAS on the CPU; cuSPARSE and torch.sparse on the GPU) run
-the same inference on the same data. GPU runs also get the published GPU
-anchors and the first layers against the floor of the card they ran on.
+A case is a store (given, or generated once per N into the data folder) and a layer
+count, timed in each compression mode and checked against the truth or a peer.
 ``run`` drives the whole command; ``spdnn_mpi.bench.tables`` prints it.
 """
 
@@ -41,14 +36,6 @@ def emitter(args: argparse.Namespace) -> Callable[[str], None] | None:
     return lambda line: print(f"  {line}", file=sys.stderr, flush=True)
 
 
-def default_data_dir() -> Path:
-    """The cache folder of generated stores and shipped models, shared with `spdnn demo`
-    (``util.paths.cache_dir``: $SPDNN_CACHE_DIR, else ~/.cache/spdnn_mpi)."""
-    from spdnn_mpi.util.paths import cache_dir
-
-    return cache_dir()
-
-
 def requested_configs(args: argparse.Namespace) -> list[tuple[int, int]]:
     """(N, L) of every --config and, with --challenge, the 12 challenge configurations."""
     from spdnn_mpi.model import CHALLENGE_LAYERS, CHALLENGE_NEURONS
@@ -61,12 +48,12 @@ def requested_configs(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 def generated_cases(args: argparse.Namespace) -> Iterator[tuple[Path, int]]:
     """(store, layers) per requested configuration; each N's store found in the cache
-    folder (one `spdnn demo` made serves too) or generated there just before its first
-    case, so a run cut short keeps the cases done (--json is written after every case)
-    instead of spending its time generating them all."""
+    folder or generated there just before its first case (a run cut short keeps the
+    cases done)."""
     from spdnn_mpi.generators import challenge
+    from spdnn_mpi.util.paths import cache_dir
 
-    data_dir = args.data_dir or default_data_dir()
+    data_dir = args.data_dir or cache_dir()
     by_n: dict[int, list[int]] = {}
     for n, layers in requested_configs(args):
         by_n.setdefault(n, []).append(layers)
@@ -82,12 +69,8 @@ def generated_cases(args: argparse.Namespace) -> Iterator[tuple[Path, int]]:
 
 def run_peer(name: str, network, rows, threads: int | None,
              emit: Callable[[str], None] | None = None) -> tuple[np.ndarray, float]:
-    """(alive ids, seconds) of one peer, after an untimed warm-up on a few rows.
-
-    The warm-up keeps library start-up (handles, kernel compilation) out of
-    the peer's time, as ``engine.time_inference`` does for ours. Progress
-    lines of the timed run go to ``emit`` (GraphBLAS: 13-30 s at 1024 x 120).
-    """
+    """(alive ids, seconds) of one peer, after an untimed warm-up on a few rows (as
+    ``engine.time_inference`` does for ours); the timed run's progress to ``emit``."""
     if name == "graphblas":
         from spdnn_mpi.bench.peers.graphblas import graphblas_infer, graphblas_memory_check
         from spdnn_mpi.util.progress import Progress
@@ -107,11 +90,6 @@ def run_peer(name: str, network, rows, threads: int | None,
             return impl(network, r)
     fn(rows.slice(0, min(rows.n_rows, 256)))
     return fn(rows)
-
-
-def mode_names(choice: str) -> list[str]:
-    """--compress both|auto|off -> the modes to time, off first (the direct figure)."""
-    return ["off", "auto"] if choice == "both" else [choice]
 
 
 def check_row(ours: np.ndarray, truth: np.ndarray | None, truth_by: str | None,
@@ -237,7 +215,7 @@ def bench_case(args: argparse.Namespace, store_path: Path, n_layers: int | None,
     backend.load_network(network.layers, progress=Progress("layout", n_layers, emitter(args)))
     layout_s = time.perf_counter() - t0
     modes = {m: time_mode(args, network, rows, backend, m, read_s + layout_s)
-             for m in mode_names(args.compress)}
+             for m in (["off", "auto"] if args.compress == "both" else [args.compress])}
     info = backend.describe()
     gpu = backend_name == "cuda"
     compile_s = float(info.get("compile_seconds", 0.0))  # inside the layout's time
@@ -312,8 +290,7 @@ def run(args: argparse.Namespace) -> int:
     models: list[dict] = []
 
     def save(last: bool = False) -> None:
-        """The JSON, to its file after every case (a long run cut short keeps its results),
-        to stdout (--json -) once at the end."""
+        """The JSON, to its file after every case, to stdout (--json -) once at the end."""
         if args.json and (last or args.json != STDOUT):
             emit_json(args, {"machine": machine_info(), "backend": name,
                              "argv": sys.argv[1:], "cwd": os.getcwd(),

@@ -1,16 +1,9 @@
 """Per-layer device-time floors on the card a run used, and the first-layers rows.
 
-A layer that computes ``live`` rows of ``n_out`` outputs, each output the sum
-of ``degree`` inputs, cannot take less than the larger of two times: moving
-its bytes through HBM (features read once and written once as dense float32
-tiles, the weights' indices streamed once) and doing its fp32 FMAs. The
-ceilings are the card's: ``card_for`` picks it from the device name the
-CUDA backend reports, and a card that is not in ``CARDS`` gets no floor
-(never another card's). The bench prints, for the direct (off) mode, how far
-each of the first layers is from that floor: in the first ~10 layers tens of
-thousands of distinct rows are alive, and compression cannot help there; and
-the compressed mode's median time per converged layer (one tile or less
-computed), the per-layer target of the long tail. Pure functions, no GPU.
+A layer cannot take less than the larger of moving its bytes through HBM (features
+read and written once, the weights' indices once) and doing its fp32 FMAs, at the
+ceilings of the card the backend named; a card not in ``CARDS`` gets no floor
+(never another card's). Pure functions, no GPU.
 """
 
 from __future__ import annotations
@@ -40,12 +33,11 @@ class Card:
                 "fma_per_s": self.fma_per_s}
 
 
-#: One H200 (141 GB): HBM 4.3e12 B/s, a measured device-to-device copy (the spec
-#: says 4.8e12); 132 SMs x 128 fp32 FMA per clock x 1.98 GHz = 33.45e12 FMA/s.
+#: One H200 (141 GB): HBM 4.3e12 B/s measured device-to-device (spec 4.8e12);
+#: 132 SMs x 128 fp32 FMA per clock x 1.98 GHz.
 H200 = Card("NVIDIA H200", 4.3e12, 132 * 128 * 1.98e9, r"(NVIDIA )?H200")
-#: One H100 80GB HBM3 (SXM): HBM 3.0e12 B/s, a measured device-to-device copy on
-#: this project's H100 machines; 132 SMs x 128 FMA per clock x 1.98 GHz. The PCIe
-#: and NVL H100s have other SM counts and memories, so they do not match.
+#: One H100 80GB HBM3 (SXM; not PCIe or NVL): HBM 3.0e12 B/s measured device-to-device;
+#: 132 SMs x 128 FMA per clock x 1.98 GHz.
 H100_SXM = Card("NVIDIA H100 80GB HBM3", 3.0e12, 132 * 128 * 1.98e9,
                 r"(NVIDIA )?H100 80GB HBM3")
 #: Cards with a floor; any other device gets none.
@@ -68,12 +60,8 @@ def card_for(device: str | None) -> Card | None:
 
 def layer_floor(n_in: int, n_out: int, degree: float, live: int, card: Card, *,
                 index_bytes: int = INDEX_BYTES, value_bytes: int = 0) -> dict:
-    """Floor of one layer on ``card``: bytes, FMAs, both times, the larger one, what binds.
-
-    bytes = 4 * live * (n_in + n_out) + (index_bytes + value_bytes) * degree * n_out;
-    FMAs = degree * n_out * live. ``value_bytes`` is 0 for uniform weights (the
-    challenge's 1/16 carries no value array), 4 for a float32 value per weight.
-    """
+    """Floor of one layer on ``card``: bytes, FMAs, both times, the larger one, what binds
+    (``value_bytes``: 0 for uniform weights, 4 for a float32 value per weight)."""
     weights = (index_bytes + value_bytes) * degree * n_out
     nbytes = FEATURE_BYTES * live * (n_in + n_out) + weights
     fmas = degree * n_out * live
@@ -104,12 +92,8 @@ def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float]
                  k: int, card: Card | None) -> dict:
     """Rows for the first ``k`` layers and totals over them and over all layers.
 
-    ``rows_in``: rows entering each layer (the engine's computed rows per
-    layer; in the off mode every live row). ``layer_seconds``: measured
-    device seconds per layer (None: floors only). ``card``: whose floor
-    (None: an unknown card, measured times only). Each row: 1-based layer,
-    rows in, measured and floor microseconds, the bound (hbm or fma) and the
-    floor as a per cent of the measured time.
+    ``rows_in``: rows entering each layer; ``layer_seconds``: measured device seconds
+    per layer (None: floors only); ``card`` None: measured times only.
     """
     n = len(rows_in)
     floors = network_floors(network, rows_in, card) if card else [None] * n
@@ -136,12 +120,8 @@ def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float]
 
 def add_first_layers(row: dict, network, k: int, card: Card | None,
                      device: str | None) -> None:
-    """The off mode's first ``k`` layers against ``card``'s floor, into ``row`` (if timed).
-
-    ``card`` is None when no card of ``CARDS`` matches ``device``, the name the
-    backend reported; that name is kept in the JSON beside the card, so it says
-    which GPU had no floor.
-    """
+    """The off mode's first ``k`` layers against ``card``'s floor, into ``row`` (if timed);
+    ``device``, the name the backend reported, is kept beside it (None: no card matched)."""
     off = row["modes"].get("off")
     if k <= 0 or off is None or off.get("layer_seconds") is None:
         return
@@ -155,13 +135,8 @@ def add_first_layers(row: dict, network, k: int, card: Card | None,
 
 
 def converged_layers(mode: dict) -> dict | None:
-    """Median per-layer time of the layers that computed at most one tile (32 rows).
-
-    ``mode``: one mode's results (``computed_rows_per_layer`` and
-    ``layer_seconds``); None when that mode has no per-layer times. These
-    are the long tail of a compressed run, where one tile is all that is left
-    to compute: their median is the per-layer time to beat there.
-    """
+    """Median per-layer time of the layers of one mode's results that computed at most one
+    tile (32 rows), the long tail of a compressed run; None without per-layer times."""
     seconds = mode.get("layer_seconds")
     if seconds is None:
         return None

@@ -1,12 +1,6 @@
-"""The part of `spdnn bench` for imported models (stores with the argmax readout).
-
-Per model: our backend's time for the whole batch (layers and fetching the
-final features, inputs already on the device), its held-out accuracy and its
-predictions against the stored reference; then each peer on the same inputs
-with the same batch, in the same run: the dense model in onnxruntime (CPU),
-PyTorch dense (cuBLAS) and torch.sparse (GPU). A peer agrees when its
-predictions equal ours on every image; the table gives our speed over its.
-``plot`` draws speed-up and accuracy against sparsity (matplotlib).
+"""The part of `spdnn bench` for imported models (stores with the argmax readout): our
+time, accuracy and check per model, then each model peer on the same inputs and
+batch (it agrees when its predictions equal ours on every image).
 """
 
 from __future__ import annotations
@@ -41,14 +35,14 @@ def is_model_store(path: Path) -> bool:
 
 def shipped_model_stores(args) -> list[Path]:
     """Stores of the shipped models asked for with --model/--models, imported once."""
-    from spdnn_mpi.bench.challenge import default_data_dir
     from spdnn_mpi.generators import mnist_models as mm
+    from spdnn_mpi.util.paths import cache_dir
 
     if args.models:
         entries = [e for e in mm.bundled_models() if e.get("file")]
     else:
         entries = [mm.find_model(s) for s in args.model]
-    directory = (args.data_dir or default_data_dir()) / "models"
+    directory = (args.data_dir or cache_dir()) / "models"
     return [mm.model_store(e, directory) for e in entries]
 
 
@@ -188,8 +182,8 @@ def failed(rows: list[dict]) -> bool:
 
 
 def speedup_series(rows: list[dict]) -> list[tuple[str, list[tuple[float, float]]]]:
-    """(legend label, [(sparsity %, our speed-up over the peer)]) per peer that ran, the
-    label saying what the peer runs (``PEER_LABELS``: the dense model, or torch.sparse)."""
+    """(legend label from ``PEER_LABELS``, [(sparsity %, our speed-up over the peer)]) per
+    peer that ran."""
     rows = sorted(rows, key=lambda r: r["sparsity"])
     peers = sorted({p for r in rows for p, v in r["peers"].items() if "speedup" in v})
     return [(f"over {PEER_LABELS.get(peer, peer)}",
@@ -199,16 +193,10 @@ def speedup_series(rows: list[dict]) -> list[tuple[str, list[tuple[float, float]
 
 def plot(rows: list[dict], path: str | Path) -> None:
     """Speed-up over each peer and accuracy against sparsity, one PNG, written atomically."""
-    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.bench.plot import pyplot
     from spdnn_mpi.util.atomic import atomic_path
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SpdnnError("--plot needs matplotlib: pip install 'spdnn_mpi[bench]'") from None
+    plt = pyplot()
     rows = sorted(rows, key=lambda r: r["sparsity"])
     x = [100 * r["sparsity"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))

@@ -1,11 +1,5 @@
-"""``spdnn bench --plot FILE.png`` for configurations.
-
-(a) TE/s per configuration, both modes, against the published GPU anchors
-(GPU runs); (b) time and live rows per layer of one configuration
-(``--plot-config``), with the off mode's floor on the card the run used
-(``spdnn_mpi.bench.floors``; none for an unknown card or a CPU run). The
-options are checked before anything long runs, the PNG is written atomically.
-"""
+"""``spdnn bench --plot FILE.png`` for configurations: (a) TE/s per configuration against
+the published anchors, (b) time and live rows per layer of ``--plot-config``."""
 
 from __future__ import annotations
 
@@ -43,11 +37,8 @@ def store_config(path: Path, layers: int | None) -> tuple[int, int]:
 
 def check_options(args, store_cases: list[tuple[Path, int | None]],
                   configs: list[tuple[int, int]], has_models: bool) -> None:
-    """Refuse --plot/--plot-config combinations that cannot work, before the run.
-
-    ``store_cases`` (store, layers) and ``configs`` (generated N x L) are
-    what will run; --plot-config must name one of them.
-    """
+    """Refuse --plot/--plot-config combinations that cannot work, before the run
+    (``store_cases`` and ``configs``: what will run)."""
     if not (args.plot or args.plot_config):
         return
     planned = [store_config(p, lay) for p, lay in store_cases] + list(configs)

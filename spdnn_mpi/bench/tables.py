@@ -1,13 +1,5 @@
-"""The text `spdnn bench` prints for configurations: the main table and what follows it.
-
-``report`` joins, in order: the main table (one line per case, both modes
-side by side, each timing's fastest-slowest runs beside the median; the
-published GPU anchors on GPU runs only) and its legend; one line per case
-and simulated rank count P (``--ranks-sim``); the first-layers tables
-against the floor of the card the run used (GPU runs); and each case's
-converged layers (the compressed mode's median time per layer where at most
-one tile is computed).
-"""
+"""The text `spdnn bench` prints for configurations: the main table and its legend, the
+simulated ranks, the first layers against the card's floor, the converged layers."""
 
 from __future__ import annotations
 

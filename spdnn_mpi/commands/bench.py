@@ -1,13 +1,6 @@
 """Benchmark a backend over stores or generated challenge configurations.
 
-Prints a table (N, L, time, edges/s, live rows at the end, check) and writes
-JSON. Peers (GraphBLAS on the CPU; cuSPARSE and torch.sparse on the GPU) run
-the same inference on the same data with the same row dropping; their
-categories must agree with ours and the table gives our speed over theirs.
-Stores of imported models (argmax readout) and the shipped pruned MNIST
-models (--model, --models) get their own table. This module is the command
-line only; the benchmark itself is ``spdnn_mpi.bench`` (``challenge``,
-``tables``, ``models``, ``floors``, ``plot`` and the ``peers``).
+The command line only; the benchmark itself is ``spdnn_mpi.bench``.
 """
 
 from __future__ import annotations
@@ -86,7 +79,7 @@ def count_or_zero(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from spdnn_mpi.commands.options import add_json
+    from spdnn_mpi.commands.options import add_backend, add_json, add_quiet, add_seed
 
     p.add_argument("stores", nargs="*", help="stores to benchmark (all their layers, or --layers)")
     p.add_argument("--config", type=parse_config, action="append", default=[],
@@ -96,8 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="all 12 challenge configurations (N 1024..65536 x L 120, 480, 1920)")
     p.add_argument("--layers", type=int, action="append", default=[], metavar="L",
                    help="layer counts to run on each STORE (repeatable; default: all)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "reference"],
-                   help="backend to measure; auto picks cuda when CuPy sees a GPU, else cpu")
+    add_backend(p, "backend to measure; auto picks cuda when CuPy sees a GPU, else cpu")
     p.add_argument("--peer", action="append", default=[], choices=PEERS,
                    help="also run this peer on the same data and report our speed over its; "
                         "repeatable: --peer cusparse --peer torch (models: onnxruntime, "
@@ -130,7 +122,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(several counts: 2,4,8; one line per case and P under the table)")
     p.add_argument("--images", type=positive_count, default=60000, metavar="COUNT",
                    help="images in generated stores")
-    p.add_argument("--seed", type=int, default=1, metavar="SEED", help="seed of generated stores")
+    add_seed(p, "seed of generated stores")
     p.add_argument("--truth-max", type=parse_config, default="4096x120",
                    metavar="NxL",
                    help="generated stores get reference truth only up to this N*L "
@@ -151,7 +143,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "side by side; or just one of them")
     add_json(p, "all results (after every case, so a run cut short keeps the cases done; "
                 "with '-', once at the end)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_quiet(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,10 +1,7 @@
 """The built-in default case: 1024 neurons x 120 layers, MNIST-derived inputs.
 
-Generated once into a user cache directory (with reference truth), then
-inferred and checked: the one command to see the whole pipeline work. With
---model SPARSITY, one of the shipped pruned MNIST classifiers instead
-(imported once with its 1000 held-out digits): predictions checked against
-the reference, accuracy printed.
+Generated once into the cache folder with its truth, then inferred and checked
+(with --model, a shipped pruned MNIST classifier instead).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Generate a challenge-shaped network, inputs from real digits, and truth categories.
 
-The work is ``generators.challenge.generate_store``; this module is its
-command line. Output is one HDF5 store, or with ``--tsv`` the official TSV
-layout in a directory.
+The command line of ``generators.challenge.generate_store``.
 """
 
 from __future__ import annotations

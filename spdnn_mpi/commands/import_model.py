@@ -1,12 +1,8 @@
 """Import a trained MLP (ONNX or safetensors) into a store, zeros dropped.
 
-ONNX: a chain of Gemm, or MatMul then Add, each optionally followed by Relu
-(what torch.onnx.export and skl2onnx write for an MLP). safetensors: PyTorch
-nn.Linear tensors NAME.weight (out, in) and NAME.bias, in file order or in
---layer-order. With --inputs the store gets the images (float values kept)
-and the reference predictions; --labels adds the true classes, so `spdnn
-infer --check` reports the accuracy. Anything that cannot be represented is
-refused with the node or tensor named, and no store is written.
+With --inputs the store gets the images and the reference predictions; --labels
+adds the true classes. What cannot be represented is refused, naming the node or
+tensor, and no store is written.
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ def _names(text: str | None) -> list[str] | None:
 
 def no_inputs_note(args: argparse.Namespace) -> str:
     """The one line saying a store was written without inputs, and the command that adds
-    them (``spdnn infer`` has nothing to run on until then)."""
+    them."""
     model, out = shlex.quote(str(args.model)), shlex.quote(str(args.out))
     return (f"spdnn import: {args.out} has no inputs (no --inputs given), so spdnn infer has "
             f"nothing to run on; add them with: spdnn import {model} --out {out} --force "

@@ -1,11 +1,6 @@
 """Run inference on a store; the same command under mpiexec/mpirun/srun.
 
-Rank 0 writes the categories file (official format) and the JSON report,
-checks against the store's truth with --check, and prints a summary. On a
-store with the argmax readout (`spdnn import`) the output is one line per
-image, `image_id<TAB>class` (1-based id, 0-based class), --check compares
-with the stored reference predictions, and the accuracy against the stored
-labels is printed when the store has them.
+Rank 0 checks (--check), writes the results and the report, and prints the summary.
 """
 
 from __future__ import annotations
@@ -294,9 +289,8 @@ def finish_argmax(args: argparse.Namespace, report) -> int:
 
 
 def write_report(args: argparse.Namespace, report, write_seconds: float) -> None:
-    """The JSON report (with the time the results took to write and the time since the
-    process started: what the user waited) and the printed summary (on stderr when the
-    JSON goes to stdout)."""
+    """The JSON report (with the time the results took to write and since the process
+    started) and the printed summary."""
     from spdnn_mpi.commands.options import emit_json, text_stream
     from spdnn_mpi.report import process_seconds
 

@@ -1,7 +1,6 @@
 """Describe a store: network shape, inputs, truth and provenance.
 
-Reads only attributes and small arrays (row pointers, truth), never the
-weights, so it is quick on any store.
+Reads attributes and small arrays, never the weights, so it is quick on any store.
 """
 
 from __future__ import annotations

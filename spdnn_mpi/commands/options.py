@@ -1,9 +1,5 @@
-"""Options several subcommands share: one spelling, one metavar, one help text each.
-
-A subcommand adds them through these helpers, so ``--images COUNT``,
-``--json FILE``, ``--truth-layers L1,L2,...`` or the backend choices read the
-same wherever they appear (tests/test_help.py checks that they do).
-"""
+"""Options several subcommands share: one spelling, one metavar, one help text each
+(tests/test_help.py checks that they read the same wherever they appear)."""
 
 from __future__ import annotations
 

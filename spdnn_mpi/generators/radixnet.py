@@ -1,19 +1,12 @@
 """RadiX-Net networks with the structure of the real Graph Challenge network.
 
-Read off the official 1024-neuron files (see ../shared/graphchallenge): with
-M = N / 16, base layer k (1-based, k = 1 .. log2 M) is a radix-2 butterfly on
-M neurons, Kronecker-expanded by a 16 x 16 block of ones: input neuron i feeds
-every output j with ``j mod M`` in ``{i mod M, (i - 2**(k-1)) mod M}``, so 32
-nonzeros per row and per column, each 1/16. Layer l > log2 M repeats base
-layer ``((l-1) mod log2 M) + 1`` with its rows (input neurons) relabelled by a
-seeded permutation. In the real files the first cycle is unshuffled and every
-layer of one cycle uses the *same* relabelling, a new one per cycle; that is
-the default here (``shuffle="cycle"``). ``shuffle="layer"`` draws a fresh one
-for every shuffled layer instead.
-
-Because output j's inputs depend only on ``j mod M``, a layer's CSR of W^T is
-M distinct rows of 32 sorted indices tiled 16 times: no per-layer sort of the
-N * 32 entries, a few milliseconds even at N = 65536.
+With M = N / 16, base layer k (k = 1 .. log2 M) is a radix-2 butterfly on M neurons
+Kronecker-expanded by a 16 x 16 block of ones: input i feeds every output j with
+``j mod M`` in ``{i mod M, (i - 2**(k-1)) mod M}`` (32 nonzeros a row and a column,
+each 1/16). Later layers repeat the base layers with their rows relabelled by a
+seeded permutation: one a cycle, as in the real files (``shuffle="cycle"``), or
+one a layer (``"layer"``). Output j's inputs depend only on ``j mod M``, so a
+layer is M distinct rows tiled 16 times.
 """
 
 from __future__ import annotations
@@ -41,12 +34,8 @@ SHUFFLE_MODES = ("cycle", "layer")
 
 
 def base_layer_count(neurons: int) -> int:
-    """Number of radix-2 base layers, log2(N / 16); rejects N not of the form 16 * 4**m.
-
-    N must be a perfect square (the inputs are sqrt(N) x sqrt(N) images) and
-    N / 16 a power of two of at least 4 (a butterfly needs two neurons per
-    block at least), so N is 64, 256, 1024, 4096, ..., 16 * 4**10.
-    """
+    """Number of radix-2 base layers, log2(N / 16); rejects N not of the form 16 * 4**m
+    (a square, for sqrt(N) x sqrt(N) images), 64 .. 16 * 4**10."""
     if isinstance(neurons, bool) or not isinstance(neurons, int | np.integer):
         raise ValueError(f"neurons must be an integer, got {neurons!r}")
     neurons = int(neurons)
@@ -81,11 +70,7 @@ def layer_relabelling(
     neurons: int, layer: int, seed: int, shuffle: str = "cycle"
 ) -> np.ndarray | None:
     """Row relabelling of 1-based ``layer``: base row t becomes row ``q[t]``; None if unshuffled.
-
-    Drawn from ``SeedSequence([seed, N, mode, key])`` with key the 0-based
-    cycle (``shuffle="cycle"``) or the layer number (``"layer"``), so any one
-    layer can be rebuilt on its own, in any order.
-    """
+    Seeded by (seed, N, mode, cycle or layer), so any layer can be rebuilt on its own."""
     n_base = base_layer_count(neurons)
     seed = _check_seed(seed)
     _check_shuffle(shuffle)
@@ -134,10 +119,8 @@ def radixnet_layer(neurons: int, layer: int, seed: int = 0, shuffle: str = "cycl
 def iter_radixnet(
     neurons: int, n_layers: int, seed: int = 0, shuffle: str = "cycle", first: int = 1
 ) -> Iterator[Layer]:
-    """Layers ``first .. first + n_layers - 1`` one at a time, so callers can stream them.
-
-    Arguments are checked here, before the first layer is asked for.
-    """
+    """Layers ``first .. first + n_layers - 1`` one at a time, so callers can stream them
+    (arguments checked before the first is asked for)."""
     base_layer_count(neurons)
     _check_seed(seed)
     _check_shuffle(shuffle)

@@ -1,15 +1,10 @@
 """Write-then-rename, so an interrupted run never leaves a valid-looking output.
 
-The temporary is a hidden sibling ``.NAME.tmp-HOST-PID-XXXX``; a process
-killed while writing (kill -9, a node crash) cannot remove its own, so each
-new write of ``NAME`` first removes the temporaries of ``NAME`` left by dead
-processes of this host. A failed write (disk full, no permission, a
-read-only file system) is a one-line :class:`SpdnnError` naming the output.
-
-An output that is a character device or a FIFO (``--out /dev/null``, a
-named pipe) is written directly, as a shell redirection would: renaming a
-file over it would replace the device (as root, the system's /dev/null).
-Anything else that is not a regular file is refused.
+The temporary is a hidden sibling ``.NAME.tmp-HOST-PID-XXXX``; each write of
+``NAME`` first removes those that dead processes of this host left. A failed write
+is a one-line :class:`SpdnnError` naming the output. A character device or FIFO
+(``--out /dev/null``) is written directly: renaming over it would replace the
+device. Anything else that is not a regular file is refused.
 """
 
 from __future__ import annotations
@@ -48,11 +43,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(final: str | os.PathLike) -> list[Path]:
-    """Remove the temporaries of ``final`` left by dead processes of this host; return them.
-
-    Only names made by :func:`atomic_path` on this host are touched: the PID
-    of a temporary from another node (a shared file system) says nothing here.
-    """
+    """Remove the temporaries of ``final`` left by dead processes of this host (another
+    node's PIDs say nothing here); return them."""
     final = Path(final)
     pattern = re.compile(rf"^\.{re.escape(final.name)}\.tmp-{re.escape(_host())}-(\d+)-")
     removed = []
@@ -86,11 +78,8 @@ def shown_path(path: str | os.PathLike) -> Path:
 
 
 def write_error(final: str | os.PathLike, exc: BaseException) -> SpdnnError:
-    """A one-line SpdnnError for a failed write of ``final`` (errno text when there is one).
-
-    ``final`` is named as the user knows it (:func:`shown_path`): a file
-    written inside a temporary folder is named by where it would have been.
-    """
+    """A one-line SpdnnError for a failed write of ``final`` (errno text when there is
+    one), naming ``final`` as the user knows it (:func:`shown_path`)."""
     final = shown_path(final)
     text = str(exc)
     m = re.search(r"error message = '([^']*)'", text)  # HDF5's wording of a failed write
@@ -188,28 +177,32 @@ def _new_temporary(final: Path, directory: bool) -> tuple[Path, list[Path]]:
     return tmp, made
 
 
-def _drop(tmp: Path, made: list[Path]) -> None:
-    """Remove a temporary (file or folder) and the folders made for it."""
-    if tmp.is_dir() and not tmp.is_symlink():
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    _remove_made(made)
+@contextlib.contextmanager
+def _dropped_on_failure(tmp: Path, made: list[Path], final: Path) -> Iterator[None]:
+    """On any exception remove ``tmp`` (file or folder) and the folders made for it; an
+    OSError of the write becomes a one-line SpdnnError naming ``final``."""
+    try:
+        yield
+    except BaseException as exc:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        _remove_made(made)
+        if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
+            raise write_error(final, exc) from None
+        raise
 
 
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike, *, directory: bool = False,
                 stream: bool = True) -> Iterator[Path]:
-    """Yield a temporary sibling of ``final``; rename it onto ``final`` only on success.
+    """Yield a temporary sibling of ``final``; rename it onto ``final`` only on success
+    (removed on any exception, KeyboardInterrupt too).
 
-    The temporary lives in the same directory so the rename is atomic on POSIX
-    file systems. On any exception (also KeyboardInterrupt) it is removed, and
-    so are the folders made for it; an OSError of the write becomes a one-line
-    SpdnnError naming ``final``.
-    With ``stream`` (files only), a ``final`` that is a character device or a
-    FIFO is yielded itself and written directly; without it (an HDF5 store,
-    which seeks and reads back) such a ``final`` is refused.
+    With ``stream`` (files only), a character device or FIFO ``final`` is yielded
+    itself; without it (an HDF5 store, which seeks) such a ``final`` is refused.
     """
     final = Path(final)
     _check_target(final, directory, stream)
@@ -218,28 +211,20 @@ def atomic_path(final: str | os.PathLike, *, directory: bool = False,
             yield target
         return
     tmp, made = _new_temporary(final, directory)
-    try:
+    with _dropped_on_failure(tmp, made, final):
         yield tmp
         if directory and final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException as exc:
-        _drop(tmp, made)
-        if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
-            raise write_error(final, exc) from None
-        raise
 
 
 @contextlib.contextmanager
 def atomic_tree(final: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary folder whose entries appear in ``final`` only on success.
 
-    A ``final`` that does not exist is the temporary renamed, in one step. An
-    existing one keeps what else it holds: the temporary is made inside it
-    (``.spdnn-staging.tmp-HOST-PID-XXXX``, the same file system) and its
-    entries are renamed into place at the end, each replacing one of its
-    name. Interrupted, nothing new shows in ``final``; a killed process's
-    staging folder is removed by the next write of ``final``.
+    An existing ``final`` keeps what else it holds: the temporary is made inside it
+    (``.spdnn-staging.tmp-HOST-PID-XXXX``) and its entries are renamed into place,
+    each replacing one of its name.
     """
     final = Path(final)
     if not final.is_dir():
@@ -247,7 +232,7 @@ def atomic_tree(final: str | os.PathLike) -> Iterator[Path]:
             yield tmp
         return
     tmp, made = _new_temporary(final / STAGING, directory=True)
-    try:
+    with _dropped_on_failure(tmp, made, final):
         yield tmp
         for entry in sorted(tmp.iterdir(), key=lambda p: p.lstat().st_mtime_ns):
             target = final / entry.name
@@ -255,11 +240,6 @@ def atomic_tree(final: str | os.PathLike) -> Iterator[Path]:
                 target.rename(tmp / f".replaced-{entry.name}")  # dropped with the staging
             os.replace(entry, target)
         shutil.rmtree(tmp)
-    except BaseException as exc:
-        _drop(tmp, made)
-        if isinstance(exc, OSError) and _about_output(exc, (tmp, final)):
-            raise write_error(final, exc) from None
-        raise
 
 
 def write_text_atomic(final: str | os.PathLike, text: str) -> None:

@@ -1,14 +1,8 @@
 """Where numba keeps the compiled kernels on disk, so each process does not compile again.
 
-Every kernel is ``@njit(cache=True)``. numba writes its cache beside the
-source (``__pycache__``) when that is writable: a checkout or a user install.
-An install into a read-only prefix (system site-packages, a container, a
-shared cluster module) cannot be written there, so ``configure`` points numba
-at ``<spdnn cache>/numba`` instead (``$SPDNN_CACHE_DIR``, else
-``$XDG_CACHE_HOME/spdnn_mpi``, else ``~/.cache/spdnn_mpi``), or at a per-user
-folder in the temp dir when that is not writable either. ``NUMBA_CACHE_DIR``,
-when set, always wins. numba writes cache files to a temporary name and
-renames them, so many ranks may fill one cache at once.
+Beside the source when writable, else ``<spdnn cache>/numba``, else a per-user
+folder in the temp dir; ``NUMBA_CACHE_DIR``, when set, wins. numba renames its
+cache files into place, so many ranks may fill one cache at once.
 """
 
 from __future__ import annotations
@@ -41,10 +35,7 @@ def default_cache_dir() -> Path:
 
 def configure(module_file: str) -> str:
     """Make numba able to cache the kernels of ``module_file``; returns the cache folder.
-
-    Call before the module's ``@njit(cache=True)`` functions are defined: numba
-    picks the cache location when it decorates them.
-    """
+    Call before the module's ``@njit(cache=True)`` functions are defined."""
     from numba.core import config
 
     if os.environ.get("NUMBA_CACHE_DIR"):

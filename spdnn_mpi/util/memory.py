@@ -1,10 +1,5 @@
-"""Host memory: what is available, what a process used at its peak, and early refusal.
-
-Long phases whose memory grows with the problem (the reference truth's dense
-feature matrices, the GraphBLAS peer) estimate what they need from the sizes
-and call ``require`` first, so a run that cannot fit stops at once with the
-numbers instead of swapping or being killed an hour in.
-"""
+"""Host memory: what is available, what a process used at its peak, and early refusal
+(``require``: a run that cannot fit stops at once, not swapping an hour in)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
-"""Checks on a command's output paths, made before its long part starts.
+"""Checks on a command's output paths, made before its long part starts: not one of
+its inputs (never, even with --force), writable, and not an existing path unless
+the rule lets it be replaced.
 
-A run that fails only when it writes its result has wasted the run, and a
-command that writes over its own input destroys it; so every command checks
-each output here first: not one of its inputs (never, even with --force),
-not an existing path unless the rule below lets it be replaced, and writable
-(a probe file is created and removed in its directory).
-
-The rule for an existing output: a *results file*, what ``infer``, ``bench``
-and ``demo`` make on every run (the categories or predictions TSV, the JSON
-report, the plot; also the JSON of ``info`` and ``import``), is replaced
-without ``--force``: running the command again is asking for new results,
-and the replacement is atomic, so the old file stays whole until the new one
-is complete. Anything else, the stores and TSV trees of ``generate``,
-``prepare`` and ``import``, can take hours to make again and is replaced
-only with ``--force``. Each command says which kind each output is:
-``results=True``, or ``force=`` its ``--force``.
+The rule: a *results file* (categories or predictions TSV, JSON report, plot) is
+replaced without ``--force``, atomically; anything else (stores, TSV trees: hours
+to make again) only with ``--force``. A command says which: ``results=True``, or
+``force=`` its ``--force``.
 """
 
 from __future__ import annotations
@@ -64,14 +55,10 @@ def check_output(
 ) -> Path:
     """Refuse ``path`` (given as ``option``) unless it may be written; returns it as a Path.
 
-    ``inputs`` maps a description ("the store") to each input path of the
-    command. ``results`` says ``path`` is a results file, replaced whatever
-    ``force`` says (the module's rule); for any other output, ``force`` is the
-    command's --force, and False refuses an existing ``path``.
-    ``directory`` says the output is a folder (an existing one is written into).
-    An existing character device or FIFO is written directly (see
-    ``util.atomic``), unless ``regular`` says the output must be a regular
-    file (a store: HDF5 seeks and reads back); other kinds are refused.
+    ``inputs``: description ("the store") -> each input path of the command.
+    ``results``/``force``: the module's rule. ``directory``: the output is a folder
+    (an existing one is written into). An existing character device or FIFO is
+    written directly, unless ``regular`` (a store: HDF5 seeks); other kinds are refused.
     """
     path = Path(path)
     for what, source in (inputs or {}).items():
@@ -144,13 +131,8 @@ def check_outputs(
     force: bool = False,
     regular: bool = False,
 ) -> None:
-    """The one check of a command's outputs, made before it reads anything long.
-
-    ``outputs`` maps each option to its path (None: not given): no two the
-    same file, none one of ``inputs`` (never, even with ``force``), each
-    writable; ``results`` and ``force`` as in :func:`check_output`;
-    ``regular`` for stores.
-    """
+    """The one check of a command's outputs (option -> path, None: not given): no two
+    the same file, each passing :func:`check_output`."""
     check_distinct(outputs)
     for option, path in outputs.items():
         if path is not None:
@@ -159,11 +141,8 @@ def check_outputs(
 
 
 def check_distinct(outputs: Mapping[str, PathLike | None]) -> None:
-    """Refuse two options naming the same output file (one would overwrite the other).
-
-    A character device (``/dev/null``) may take several: each is written to it
-    directly, and none replaces another.
-    """
+    """Refuse two options naming the same output file (one would overwrite the other);
+    a character device (``/dev/null``) may take several."""
     given = [(k, v) for k, v in outputs.items() if v is not None]
     for i, (name_a, a) in enumerate(given):
         for name_b, b in given[i + 1 :]:
@@ -180,11 +159,7 @@ def _existing_folder(path: Path) -> Path:
 
 
 def check_space(path: PathLike, need: int, option: str = "--out") -> None:
-    """Refuse an output of about ``need`` bytes when its file system has less free.
-
-    Made before the long part starts: a run that fills the disk hours in has
-    wasted the hours (and, for other users, the disk).
-    """
+    """Refuse an output of about ``need`` bytes when its file system has less free."""
     from spdnn_mpi.util.memory import format_bytes
 
     path = Path(path)

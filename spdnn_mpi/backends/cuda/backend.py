@@ -1,22 +1,8 @@
 """CUDA backend: one fused kernel per layer, dead rows dropped on the device.
 
-Features live in two device buffers of 32-row tiles, neuron-major
-(``features``). Each layer is one persistent kernel whose last block counts
-the live rows and decides whether to compact; when that frees enough tiles
-the next layer writes the survivors to dense tiles as it computes them (or,
-before a kernel that cannot, a second kernel moves them). The host enqueues
-the layers and never waits until ``finish`` (``layer_queue``): live counts,
-the buffer in use and per-layer timestamps stay on the device.
-
-The parts: ``network`` builds the device layout of a network (``launch``:
-each layer's kernel and grids; ``config``: the kernels' compile-time
-settings), ``features`` holds the batch, ``layer_queue`` runs the layers
-(``graphs``: captured CUDA graphs), ``merge`` merges identical rows and
-``readback`` brings the results home in one copy. ``CudaBackend`` ties them
-to the engine's interface (``backends.base.Backend``).
-
-CuPy is imported lazily, so this module can be imported without it; building
-a ``CudaBackend`` without CuPy raises a clear ``SpdnnError``.
+The host enqueues the layers and waits only in ``finish``: live counts, the buffer
+in use and per-layer timestamps stay on the device (docs/design.md). CuPy is
+imported lazily; building a ``CudaBackend`` without it raises ``SpdnnError``.
 """
 
 from __future__ import annotations
@@ -48,22 +34,17 @@ from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
-__all__ = ["CudaBackend", "import_cupy"]  # import_cupy: the driver and peers import it here
-
 
 class CudaBackend(Backend):
     """The engine's backend on one NVIDIA GPU (``backends.base.Backend``)."""
 
     name = "cuda"
     tile_rows = lay.TILE_ROWS
-    #: a look at a checkpoint waits for the device and cuts the graph: on an
-    #: H200, 1000 images through a 3-layer 1024-wide MNIST model took 0.90 ms
-    #: with the looks after layers 1 and 2 against 0.22 ms without; with fewer
-    #: layers left than this there is too little to save
+    #: a look waits for the device and cuts the graph: a 3-layer MNIST model at 1000
+    #: images took 0.90 ms with looks after layers 1 and 2, 0.22 ms without (H200)
     check_min_layers_left = 8
-    #: warm up on the whole batch: the graph of a batch ends with a gather
-    #: sized by its rows, so a smaller warm-up left the capture in the first
-    #: timed run (an H100, 1024 x 1920 off: runs of 0.173, 0.076, 0.027 s)
+    #: the whole batch: a graph's last gather is sized by the rows, so a smaller
+    #: warm-up left the capture in the first timed run (0.173 against 0.027 s, H100)
     warm_up_rows = None
 
     def __init__(
@@ -146,12 +127,8 @@ class CudaBackend(Backend):
         self._layers_run = 0
 
     def run_layer(self, k: int, drop_dead: bool) -> None:
-        """Queue layer ``k`` (and the compaction it may ask for); returns at once.
-
-        Queued layers are launched as one captured CUDA graph (cached by the
-        layer sequence; kernels take buffers from the pointer table, so a graph
-        outlives reallocations) when ``finish`` or ``live_count`` needs them.
-        """
+        """Queue layer ``k`` (and the compaction it may ask for); returns at once. The
+        queue runs as one captured CUDA graph when ``finish`` or ``live_count`` needs it."""
         self._queue.add(k, drop_dead)
         self._layers_run = k + 1
 
@@ -197,13 +174,8 @@ class CudaBackend(Backend):
         return int(self._buffers.live_hist[self._layers_run - 1].get())
 
     def finish(self, want_features: bool) -> BatchResult:
-        """Wait for the batch; read back the survivors' positions (and features).
-
-        One kernel packs the counts, timestamps, positions and features into one
-        array, and its copy into reused pinned memory follows in the same graph
-        as the last layers, so the host launches once and waits once (fixed cost
-        matters for small batches); large results are read in two steps.
-        """
+        """Wait for the batch; read back the survivors' positions (and features) in one
+        packed copy that follows the last layers in their graph (``readback``)."""
         n_run = self._layers_run
         width = self._queue.layers[n_run - 1].n_out if n_run else self._buffers.in_width
         allocations = self._results.allocations
@@ -222,8 +194,7 @@ class CudaBackend(Backend):
     # -- memory and report ---------------------------------------------------
     def release_buffers(self) -> None:
         """Give the feature buffers and the packed results back to the device (the
-        layouts stay); graphs read the buffers from the pointer table, so they stay
-        valid, and the next batch allocates again."""
+        layouts stay; graphs read buffers from the pointer table, so they stay valid)."""
         self._buffers.release()
         self._results.release()
         self._cp.get_default_memory_pool().free_all_blocks()
@@ -259,8 +230,7 @@ class CudaBackend(Backend):
         }
 
     def _kernel_info(self) -> dict:
-        """The network's layout facts, its kernels' compile time and whether they were
-        compiled (by ``prepare_kernels`` or the layout build) or loaded from a cache."""
+        """The network's layout facts, its kernels' compile time and whether NVRTC ran."""
         info = dict(self._network.info) if self._network is not None else {}
         seconds, compiled = self._prepared
         info["compile_seconds"] = round(info.get("compile_seconds", 0.0) + seconds, 4)

@@ -1,8 +1,5 @@
-"""Compiling the CUDA kernels: CuPy on demand, the NVRTC module, instantiations.
-
-Kept apart from the backend so the peers and the driver can ask for CuPy
-with its install hint without loading the backend.
-"""
+"""Compiling the CUDA kernels: CuPy on demand, the NVRTC module, instantiations
+(apart from the backend, so the peers and the driver can import CuPy without it)."""
 
 from __future__ import annotations
 
@@ -30,17 +27,10 @@ def import_cupy():
     return cupy
 
 
-def compiled_module(device_id: int, names: Sequence[str], config: KernelConfig):
-    """The NVRTC-compiled kernel module for this device and settings, loaded once per
-    process; CuPy keeps compiled modules on disk (``CUPY_CACHE_DIR``), so only the
-    first process on a machine (or after a change of the kernels) compiles."""
-    return module_and_whether_compiled(device_id, names, config)[0]
-
-
 def module_and_whether_compiled(device_id: int, names: Sequence[str],
                                 config: KernelConfig) -> tuple[Any, bool]:
-    """``compiled_module`` and whether NVRTC ran for it (False: this process had it, or
-    CuPy's disk cache did: no new file appeared there)."""
+    """The kernel module for this device and settings, loaded once per process, and
+    whether NVRTC ran for it (False: this process or CuPy's disk cache had it)."""
     cupy = import_cupy()
     names = tuple(sorted(set(names)))
     source = lay.assemble_source(config)

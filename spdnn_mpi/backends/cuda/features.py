@@ -1,14 +1,6 @@
-"""The batch's side of the CUDA backend's device memory: feature tiles, the
-pointer table the kernels read them through, and the layer loop's state.
-
-Features live in two device buffers of 32-row tiles, neuron-major
-(``cuda/spdnn_common.cuh``); row positions, the tiles' alive bits and their
-prefix beside them. Kernels take these buffers from a small device pointer
-table rather than as arguments, so a captured CUDA graph stays valid when
-the buffers are reallocated for a larger batch. The state array (rows,
-tiles, which buffer is current), the live count after each layer and the
-per-layer timestamps stay on the device, so the host never waits inside the
-layer loop.
+"""The batch's side of the CUDA backend's device memory: two buffers of 32-row
+feature tiles (``cuda/spdnn_common.cuh``), the pointer table the kernels read them
+through (so a captured graph outlives a reallocation), and the layer loop's state.
 """
 
 from __future__ import annotations
@@ -28,12 +20,7 @@ P_SIZE = 8
 
 
 class FeatureBuffers:
-    """Feature tiles, pointer table and device state of one backend.
-
-    ``attach`` sizes the state for a network; ``load`` scatters a batch's input
-    rows into zeroed tiles (growing the buffers as needed); ``release`` gives
-    the tiles back between batches (the next ``load`` allocates again).
-    """
+    """Feature tiles, pointer table and device state of one backend."""
 
     def __init__(self, cp: Any, device: Any, stream: Any, sms: int,
                  track_peak: Callable[[], None]) -> None:

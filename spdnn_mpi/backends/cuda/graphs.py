@@ -1,12 +1,7 @@
-"""Captured CUDA graphs of the CUDA backend's layer loop, cached by what they launch.
-
-A piece of the loop (the layers queued since the last look at the device,
-the rows held, and the gather that may end it) is captured once and then
-launched as one graph: one launch a piece instead of one or two a layer.
-Kernels take their buffers from the device pointer table, so a graph
-outlives the reallocation of the buffers; only the gather's output array and
-the host buffer of its copy are not, and their addresses are part of the key.
-Host logic only: tested with fake streams on any machine.
+"""Captured CUDA graphs of the CUDA backend's layer loop, cached by what they launch:
+one launch a piece of the loop instead of one or two a layer. Kernels read their
+buffers from the pointer table, so only the gather's arrays' addresses are part of
+the key.
 """
 
 from __future__ import annotations
@@ -14,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-#: Graphs kept before the cache starts again (compression cuts a 1920-layer
-#: run into about 70 pieces, each captured in four forms).
+#: Graphs kept before the cache starts again (a compressed 1920-layer run: ~70 pieces
+#: in four forms each).
 MAX_GRAPHS = 4096
 
 
@@ -59,5 +54,5 @@ class GraphCache:
         return graph
 
     def any(self) -> Any | None:
-        """One captured graph (the tools time a launch of it), or None."""
+        """One captured graph, or None."""
         return next(iter(self._graphs.values()), None)

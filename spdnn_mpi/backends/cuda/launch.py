@@ -1,10 +1,7 @@
 """One layer's launch on the CUDA backend: kernel, grids, device layout, arguments.
 
-Kept apart from the layer loop because the choice is a small decision of its
-own: which kernel a layer runs directly and which once one tile of
-compressed rows is held, with which layout arrays. Everything here is host
-logic over a compiled module, so it is tested without a GPU (with NumPy as
-the array module and kernels given by name).
+Host logic over a compiled module, tested without a GPU (NumPy as the array module,
+kernels given by name).
 """
 
 from __future__ import annotations
@@ -19,10 +16,8 @@ from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.model import Layer
 
-#: Warp steps a warp of the grouped kernels takes in a row before striding on (a
-#: kernel argument): 1 against 4 gave 54.6-57.3 against 52.9 TE/s at 1024 x 120 and
-#: 64.0-66.2 against 61.9 at 4096 x 120 (H200, 2026-12-03): the warps then cover
-#: about two tiles at a time, which stay in L2.
+#: Warp steps a warp of the grouped kernels takes in a row before striding on; 4: 52.9
+#: against 54.6-57.3 TE/s at 1024 x 120 (H200, 2026-12-03).
 GROUP_CHUNK = 1
 
 
@@ -52,10 +47,9 @@ class Launch(NamedTuple):
 class LayerLaunch:
     """Everything the layer loop needs to launch one layer (``Launcher.layer_entry``).
 
-    A kernel's arguments are the pointer table, ``head``, the device state (live
-    counts, stamps, layer index, whether to drop dead rows), then the layout
-    arguments: ``extra`` over whole tiles, ``extra_held`` once at most one tile of
-    rows is held (compressed, converged rows).
+    A kernel's arguments are the pointer table, ``head``, the device state, then the
+    layout arguments: ``extra`` over whole tiles, ``extra_held`` once at most one tile
+    of rows is held.
     """
 
     plan: lay.LayerPlan
@@ -100,9 +94,7 @@ class Launcher:
     def kernel(self, name: str, smem_bytes: int):
         """A kernel of the module, allowed ``smem_bytes`` of dynamic shared memory."""
         kern = self.mod.get_function(name)
-        # The limit belongs to the kernel, which every layer of that kernel shares:
-        # only ever raised (a 644-input staged layer failed to launch once a later
-        # 533-input layer had lowered it to its own 68 KB).
+        # only ever raised: the limit is shared by every layer of that kernel
         if smem_bytes > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem_bytes:
             kern.max_dynamic_shared_size_bytes = smem_bytes
         return kern
@@ -116,8 +108,7 @@ class Launcher:
 
     def small_grids(self, layer: Layer, plan: lay.LayerPlan, full: Launch,
                     n_groups: int) -> dict[int, Launch]:
-        """Rows held (one tile at most) -> the launch of the compressed, converged
-        layers (``full``: the whole-tile form of ``plan``)."""
+        """Rows held (one tile at most) -> their launch (``full``: the whole-tile form)."""
         kern, grid = full.kern, full.grid
         small = {}
         if plan.kind == "group":  # layers with values: the same kernel over the one tile
@@ -178,9 +169,8 @@ class Launcher:
                 vals = cp.zeros(1, dtype=np.float32)
             keep += [ptr, idx, vals]
             extra = (ptr, idx, vals)
-        # Uniform grouped layers: once one tile is held, the ELL kernels for at most
-        # 8/16/32 rows (one latency a layer; the grouped kernel waits four). Their
-        # sums are the grouped kernel's bit for bit (adds in CSR order, one scale).
+        # Uniform grouped layers run the ELL kernels once one tile is held (one latency
+        # a layer, not four); their sums are the grouped kernel's bit for bit.
         held_plan = None
         if groups is not None and layer.values is None:
             held_plan = lay.plan_layer(layer, smem_limit, "auto", grouped=False)

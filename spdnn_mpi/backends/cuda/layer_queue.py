@@ -1,15 +1,6 @@
-"""The CUDA backend's layer loop: queued layers launched as captured graphs or
-one by one, the compaction passes between them, and the gather that ends a
-batch.
-
-The host queues layers (``add``) and launches them only when it must look
-at the device (``flush``, ``finish``): each such piece is captured once as a
-CUDA graph, cached by what it launches (``graphs.GraphCache``), and later
-launched with one call. Each layer is one persistent kernel whose last
-block decides whether the survivors move to dense tiles; the next layer
-writes them there as it computes them, or, before a kernel that cannot
-(``layout.compacts_on_write``), a ``compact_rows`` pass moves them. Host
-logic over kernels and a stream: tested with fakes on any machine.
+"""The CUDA backend's layer loop: queued layers launched, when the host must look
+at the device, as cached CUDA graphs or one by one; the compaction passes between
+them; the gather that ends a batch. Host logic, tested with fakes on any machine.
 """
 
 from __future__ import annotations
@@ -92,11 +83,8 @@ class LayerQueue:
     def flush(self, gather: tuple | None = None) -> None:
         """Launch the queued layers: a cached graph when possible, else one by one.
 
-        ``gather``: (grid, args, tail, copy words) of a ``gather_results`` launch
-        to end the piece with (``finish``), and of the copy of its results to the
-        host when that is one piece, captured into the same graph: one launch,
-        and the host then only waits. ``tail`` says what the gather and the copy
-        depend on beyond the arrays made with the network (the graph key).
+        ``gather``: (grid, args, tail, copy words) of a ``gather_results`` launch (and
+        copy to the host) to end the piece with; ``tail`` is its part of the graph key.
         """
         if not self.pending and gather is None:
             return
@@ -107,8 +95,7 @@ class LayerQueue:
             if graph is None:
                 with self._device, self._stream:
                     graph = self._capture(todo, self.held, gather)
-                    # every form at once while merging: a warm-up that ends with another
-                    # number of rows than the timed run then leaves nothing to capture there
+                    # every form while merging, so a timed run captures nothing
                     for held in (0, *lay.ELL_ROWS) if self.merging else ():
                         if held != self.held:
                             self._capture(todo, held, gather)
@@ -121,8 +108,7 @@ class LayerQueue:
 
     def finish(self, n_run: int, width: int, want_features: bool) -> np.ndarray:
         """Launch what is queued, then ``gather_results`` and the copy of its packed
-        array (``readback``) for a batch after ``n_run`` layers of ``width``
-        outputs; wait and return the array on the host."""
+        array (``readback``); wait and return the array on the host."""
         b, results = self._buffers, self._results
         read = results.prepare(n_run, width, want_features, b.loaded_rows)
         blocks = max(1, min(-(-max(b.loaded_rows, read.head) // 256), self._sms * 8))

@@ -1,10 +1,5 @@
-"""Host side of the CUDA backend that needs no GPU: kernel sources and layouts.
-
-Kept apart from the backend so CPU-only machines (CI) can test that the
-kernel sources are found, both in a source checkout (``<repo>/cuda``) and in
-a regular install (package ``spdnn_mpi.kernels``), and that the device
-layouts are built right.
-"""
+"""Host side of the CUDA backend that needs no GPU: kernel sources and layouts
+(apart from the backend so CPU-only machines can test them)."""
 
 from __future__ import annotations
 
@@ -33,11 +28,8 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
 def kernel_source_dir():
-    """Folder (Path or importlib Traversable) holding the ``.cu``/``.cuh`` files.
-
-    A source checkout keeps them in ``<repo>/cuda``; an installed package maps
-    that folder to ``spdnn_mpi.kernels`` (setup.cfg ``package_dir``).
-    """
+    """Folder (Path or importlib Traversable) of the ``.cu``/``.cuh`` files: ``<repo>/cuda``
+    in a checkout, package ``spdnn_mpi.kernels`` once installed (setup.cfg ``package_dir``)."""
     checkout = Path(__file__).resolve().parents[3] / "cuda"
     if (checkout / KERNEL_UNITS[0]).is_file():
         return checkout
@@ -53,11 +45,6 @@ def kernel_source_dir():
     )
 
 
-def read_kernel_file(name: str) -> str:
-    """Text of one kernel source file."""
-    return kernel_source_dir().joinpath(name).read_text(encoding="utf-8")
-
-
 def assemble_source(config: KernelConfig | None = None) -> str:
     """One self-contained program: the ``#define`` block of ``config`` (default:
     the defaults), then every unit with its local ``#include "..."`` lines inlined
@@ -68,7 +55,7 @@ def assemble_source(config: KernelConfig | None = None) -> str:
         if name in seen:
             return f"// {name} already included\n"
         seen.add(name)
-        text = _PRAGMA_ONCE.sub("", read_kernel_file(name))
+        text = _PRAGMA_ONCE.sub("", kernel_source_dir().joinpath(name).read_text(encoding="utf-8"))
         return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
 
     head = (config or KernelConfig()).define_block()
@@ -105,14 +92,10 @@ ELL_KINDS = ("smem32", "global")
 ELL_ROWS = (32, 16, 8)
 
 
-#: Kernels that cannot write a pending compaction (compact_rows runs before them).
-NO_COMPACT_ON_WRITE = frozenset({"csr_smem", "csr_global"})
-
-
 def compacts_on_write(kind: str) -> bool:
-    """Whether the kernels of ``kind`` move the survivors of the previous layer
-    to dense tiles as they write (spdnn_layer.cuh), so no compact_rows pass."""
-    return kind not in NO_COMPACT_ON_WRITE
+    """Whether the kernels of ``kind`` move the survivors of the previous layer to dense
+    tiles as they write (spdnn_layer.cuh); the others need a compact_rows pass first."""
+    return kind not in ("csr_smem", "csr_global")
 
 
 def ell_kernel(kind: str, degree: int, rows: int = 0) -> str:
@@ -125,6 +108,8 @@ def ell_kernel(kind: str, degree: int, rows: int = 0) -> str:
 def rows_bucket(rows: int) -> int:
     """Fewest rows of ``ELL_ROWS`` that hold ``rows`` (at most one tile)."""
     return min(r for r in ELL_ROWS if r >= rows)
+
+
 VARIANTS = ("auto", "group", "smem32", "global", "csr")
 
 #: Output slots of a group of the grouped kernel (cuda/spdnn_groups.cu).
@@ -132,11 +117,9 @@ GROUP_SLOTS = 16
 #: Least mean fill of the groups (outputs / slots) for ``auto`` to keep the
 #: grouped kernel: below it padded slots cost more than the shared loads save.
 GROUP_MIN_FILL = 0.5
-#: Most outputs for which ``auto`` reads a CSR4 layer's inputs through L1/L2 even
-#: where the tile fits in shared memory: a tile then has at most 4 warp steps, so
-#: the block stages all of it for 4 of its 16 warps (the pruned MNIST
-#: classifiers' 10-output layer at 1000 digits: 6.4-7.7 against 9.5-10.2 us at
-#: 95-99 %, H200, 2026-12-04).
+#: Most outputs for which ``auto`` reads a CSR4 layer's inputs through L1/L2 even where
+#: the tile fits in shared memory (MNIST's 10-output layer: 6.4-7.7 against 9.5-10.2 us,
+#: H200, 2026-12-04).
 CSR4_NARROW_OUTPUTS = 16
 
 
@@ -150,18 +133,9 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
                grouped: bool = True) -> LayerPlan:
     """Pick the kernel for ``layer`` given the per-block shared memory limit.
 
-    A fixed degree (a multiple of 8, at most 64) with 16-bit indices takes the
-    grouped kernel (``group``: outputs that read the same inputs computed
-    together, values or uniform) unless ``grouped`` is False (the caller found
-    too few outputs sharing their inputs, ``GROUP_MIN_FILL``). Otherwise
-    uniform weights with such a degree take the ELL kernels: the whole 32-row
-    tile in shared memory when it fits (``smem32``), else the L1/L2 kernel
-    (``global``). Everything else takes a CSR kernel: ``csr4`` (float4 rows,
-    any degree and values) with 16-bit indices, staged unless the layer has at
-    most ``CSR4_NARROW_OUTPUTS`` outputs, the general ``csr`` with 32-bit ones.
-    ``variant`` forces one of them (``smem32`` only where the
-    tile fits; ``group`` whatever the fill; ``global``: inputs through L1/L2,
-    ELL or CSR4; ``csr``: the general CSR kernel).
+    ``grouped`` False: too few outputs share their inputs (``GROUP_MIN_FILL``) for
+    the grouped kernel. ``variant`` forces a kind (``smem32`` only where the tile
+    fits; ``group`` whatever the fill; ``global``: inputs through L1/L2, ELL or CSR4).
     """
     check_variant(variant)
     d = layer.row_degree
@@ -178,8 +152,7 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     if degree_ok and (variant == "group" or (variant == "auto" and grouped)):
         return LayerPlan("group", f"layer_group<{d}>", d, 0)
     if ell_ok and variant != "csr":
-        # The staged tile wins where it fits: 39.0 against 30.8 TE/s at 1024 x 120
-        # (H200, 2026-12-02).
+        # staged tile: 39.0 against 30.8 TE/s at 1024 x 120 (H200, 2026-12-02)
         if fits32 and variant in ("auto", "smem32"):
             return LayerPlan("smem32", ell_kernel("smem32", d), d, tile_bytes)
         return LayerPlan("global", ell_kernel("global", d), d, 0)
@@ -235,20 +208,12 @@ def stacked_indices(layers: Sequence[Layer]) -> np.ndarray:
 def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
                   ) -> list[tuple[GroupLayout, tuple | None]]:
     """Group the outputs of fixed-degree layers of one shape by identical input sets,
-    all layers at once (one upload, a few array operations: the cost of a layer's
-    layout was its ~30 separate operations, 2.5 ms a layer at 1920 layers).
+    all layers at once (one layer at a time cost 2.5 ms a layer at 1920 layers).
 
-    Per layer, outputs are sorted by (first input, hash of all inputs), stably,
-    so equal input sets are neighbours and groups that read nearby inputs
-    follow each other; equality is then checked exactly, index by index (a
-    hash collision only splits a run). Runs longer than ``GROUP_SLOTS`` are
-    cut into groups of that size, and each layer's groups are padded to a
-    multiple of 4. Layers with values get each output's own weights in its
-    slot; uniform layers one block of ones shared by every group, which the
-    shared-sum kernel does not read (it adds the inputs once per group and
-    applies the value once per output, as the other kernels do). With
-    ``held``, each layer also gets ``ell_from_groups``' arrays. ``xp`` is the
-    array module (CuPy: on the device).
+    Equal sets are found exactly (a hash collision only splits a group); groups hold at
+    most ``GROUP_SLOTS`` outputs, padded to a multiple of 4 groups per layer. Uniform
+    layers share one block of ones. ``held``: each layer also gets ``ell_from_groups``'
+    arrays. ``xp`` is the array module (CuPy: on the device).
     """
     n, n_out, d = len(layers), layers[0].n_out, layers[0].row_degree
     rows3 = xp.asarray(stacked_indices(layers))  # (layers, n_out, d)
@@ -304,10 +269,8 @@ def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
 
 
 def ell_from_groups(groups: GroupLayout, degree: int, xp=np) -> tuple:
-    """(indices, out_ids) in the form of ``ell_layout``, taken from a group layout on
-    the device it lives on: slots run group by group (members of a group side by
-    side, groups by their first input), each with its group's inputs, which are
-    its own in CSR order. Saves a second grouping pass and upload per layer."""
+    """(indices, out_ids) in the form of ``ell_layout``, taken from a group layout on its
+    device (saves a second grouping pass and upload per layer)."""
     out = groups.out_ids.reshape(groups.n_groups, GROUP_SLOTS)
     g, slot = xp.nonzero(out >= 0)
     indices = groups.indices.reshape(groups.n_groups, degree)[g]
@@ -337,15 +300,8 @@ def csr4_layout(layer: Layer, xp=np) -> tuple:
 
 
 def locality_order(rows: np.ndarray) -> np.ndarray:
-    """Output order in which outputs that read the same inputs are neighbours.
-
-    ``rows`` is (n_out, degree) of sorted input indices. Sorting by the first
-    three indices puts outputs with equal (or overlapping) input sets next to
-    each other, so a warp's consecutive outputs gather the same 128-byte lines
-    and hit in L1. Every output is still computed from all of its inputs; on a
-    matrix without such structure the order only groups outputs by their
-    lowest inputs. Stable, so ties keep the natural order.
-    """
+    """Stable order of outputs by their first three inputs, so a warp's neighbouring
+    outputs gather the same lines and hit in L1. ``rows``: (n_out, degree), sorted."""
     n_out = rows.shape[0]
     key = np.zeros(n_out, dtype=np.uint64)
     for c in range(min(3, rows.shape[1])):
@@ -364,19 +320,3 @@ def ell_layout(layer: Layer, xp=np) -> tuple:
     order = locality_order(rows).astype(np.int32)
     out_ids = xp.asarray(order)
     return xp.asarray(rows)[out_ids].reshape(-1), out_ids
-
-
-def layer_traffic(n: int, degree: int, live_in: int, *, index_bytes: int = 2) -> dict:
-    """Bytes and adds one uniform layer must move/do for ``live_in`` rows.
-
-    Weights: n * degree indices read once; features: each live row read once
-    and written once (float32). Adds: degree per output per live row.
-    """
-    weight_bytes = n * degree * index_bytes
-    feature_bytes = 2 * 4 * n * live_in
-    return {
-        "weight_bytes": weight_bytes,
-        "feature_bytes": feature_bytes,
-        "bytes": weight_bytes + feature_bytes,
-        "adds": degree * n * live_in,
-    }

@@ -1,9 +1,6 @@
-"""The device half of exact compression on the CUDA backend (``cuda/spdnn_merge.cu``).
-
-Hash every held row, sort the hashes (stable), compare each row word by word
-with the first row of its run, compact the representatives with the layer
-loop's own compaction kernel, and bring only their positions to the host,
-in one copy. Kept apart from the layer loop so that each stays one idea.
+"""The device half of exact compression on the CUDA backend (``cuda/spdnn_merge.cu``):
+rows hashed, sorted, compared word by word with the first of their run, the
+representatives compacted; only their positions come to the host, in one copy.
 """
 
 from __future__ import annotations
@@ -46,11 +43,9 @@ class DeviceMerge:
 
     def merge(self, *, ptrs, state, stamps, mask, compact: Callable[[], None], n: int,
               width: int, k: int) -> RowGroups:
-        """Merge the ``n`` rows held after 0-based layer ``k`` (``width`` neurons each).
-
-        Runs on the current device and stream; ``mask`` is the layer's parity
-        of the tile masks, ``compact()`` enqueues the layer loop's compaction
-        after layer ``k`` (it moves the representatives).
+        """Merge the ``n`` rows held after 0-based layer ``k`` (``width`` neurons each),
+        on the current device and stream. ``mask``: the layer's parity of the tile
+        masks; ``compact()`` enqueues the compaction that moves the representatives.
         """
         cp, mk = self._cp, self._k
         b = self._buffers(n)

@@ -1,9 +1,6 @@
 """Building a network's device layout on the CUDA backend: plan every layer,
-compile the module its kernels need, upload each layer's layout.
-
-Layout build time is not inference time: ``load_network`` reports it
-separately (``layout_seconds``, ``compile_seconds``).
-"""
+compile the module its kernels need, upload each layer's layout (timed apart from
+inference: ``layout_seconds``, ``compile_seconds``)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.launch import Launcher, LayerLaunch, blocks_per_sm
 from spdnn_mpi.model import Layer
 
-#: Dynamic shared memory a block may take: the device's opt-in limit less 1 KB
-#: (what the runtime reserves a block).
+#: What the runtime reserves of a block's opt-in shared memory limit.
 SMEM_RESERVED = 1024
 #: Most weight indices grouped in one pass (``group_runs``): bounds the pass's
 #: temporary device memory (a few times this many 2-byte entries).
@@ -46,8 +42,7 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 def group_runs(cp: Any, layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> dict[int, tuple]:
     """Layer index -> (group layout, held ELL arrays) of every layer planned on the
     grouped kernel, built in runs of consecutive layers of one shape (at most
-    ``GROUP_BATCH_ENTRIES`` indices a run): a challenge network's 1920 layers in a
-    few passes instead of one small pass each."""
+    ``GROUP_BATCH_ENTRIES`` indices a run) rather than one small pass a layer."""
     out: dict[int, tuple] = {}
     k = 0
     while k < len(layers):

@@ -1,11 +1,6 @@
 """What the CUDA backend reads back: the device state's slots and one batch's
-packed results (``gather_results`` in ``cuda/spdnn_rows.cu``).
-
-Kept apart from the layer loop because it is the host's whole
-side of the one copy a batch ends with: the array's layout, the reused
-device and pinned host buffers, the copy, and the unpacking, which at 1000
-rows is a measurable part of a small batch's timed host work. The layout and
-the unpacking need no GPU and are tested on any machine.
+packed results (``gather_results`` in ``cuda/spdnn_rows.cu``), in one copy.
+The layout and the unpacking need no GPU.
 """
 
 from __future__ import annotations
@@ -28,11 +23,8 @@ def results_head(n_run: int) -> int:
 def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool,
                    ordered: bool = False) -> tuple:
     """(state, live counts, stamps, positions, features) from ``gather_results``'
-    int32 array, positions ascending and features in their order; live counts and
-    stamps (ns) as lists of ints. ``ordered``:
-    the caller knows they ascend already (no merge ran: compaction keeps the
-    order), so they are not checked; at 1000 rows the check is a few us of the
-    small batch's timed host work.
+    int32 array, positions ascending; live counts and stamps (ns) as lists of ints.
+    ``ordered``: they ascend already (no merge ran), so the check is skipped.
 
     Nothing returned is a view of ``data``, which may be a reused host buffer.
     """
@@ -66,14 +58,10 @@ class ReadPlan(NamedTuple):
 
 
 class PackedResults:
-    """The device array ``gather_results`` fills and its pinned host copy.
-
-    Both are reused from batch to batch and grown, never shrunk: a captured
-    graph keeps both addresses, and small batches should not pay for
-    allocations. Up to ``SINGLE_COPY_BYTES`` the copy is enqueued behind the
-    gather (``enqueue_copy``, captured into the same graph), so the host only
-    waits for the stream and reads ``copied``; larger results are read in two
-    steps (``read``).
+    """The device array ``gather_results`` fills and its pinned host copy, reused and
+    grown, never shrunk (a captured graph keeps both addresses). Up to
+    ``SINGLE_COPY_BYTES`` the copy is captured behind the gather; larger results
+    are read in two steps (``read``).
     """
 
     def __init__(self, cp: Any, device: Any) -> None:
@@ -125,11 +113,8 @@ class PackedResults:
 
     def copy_key(self, words: int) -> tuple[int, int, int, int]:
         """What a graph that ends with the gather and ``enqueue_copy(words)`` depends
-        on (after ``ensure``): which allocation of the buffers, their addresses, the
-        size. The allocation count tells a buffer given back and allocated again at
-        the same address from the one a graph was captured with: a graph whose copy
-        node names freed memory must never be launched (on an H200 it crashed the
-        process inside the graph launch)."""
+        on. The allocation count tells a buffer reallocated at the same address from
+        the one captured: a graph naming freed memory crashed the process (H200)."""
         return self.allocations, self._device_ptr, self._host_ptr, words
 
     def enqueue_copy(self, stream: Any, words: int) -> None:

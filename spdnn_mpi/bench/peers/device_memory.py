@@ -1,12 +1,5 @@
-"""GPU peers and device memory: a peer that does not fit is a skip, not a crash.
-
-A peer runs beside our backend: ``spdnn bench`` gives our batch buffers back
-first (``release_buffers``), but the layouts stay. So on a card with less memory than the one a
-configuration was sized on (an H100 of 80 GB against an H200 of 141 GB at
-N = 65536) a peer can run out of memory where ours did not. The benchmark
-then reports the peer as skipped, with the library's own message, and goes on
-to the next case.
-"""
+"""GPU peers and device memory: a peer that does not fit beside our layouts (an 80 GB H100
+at N = 65536) is reported as skipped, with the library's message, not a crash."""
 
 from __future__ import annotations
 
@@ -43,9 +36,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def out_of_memory_is_a_skip(peer: str) -> Callable[[F], F]:
     """Decorate ``peer(network, rows, ...)``: running out of device memory raises
-    ``SpdnnError`` naming the peer and the problem size, after the failed run's
-    arrays are released (its frames go with the handler; a collection takes
-    any cycle) and the libraries' caches handed back."""
+    ``SpdnnError`` naming the peer and the problem size, after the failed run's arrays
+    and the libraries' caches are handed back."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)

@@ -1,17 +1,6 @@
-"""GPU peers for `spdnn bench`: cuSPARSE (through CuPy) and torch.sparse.
-
-Each peer runs the same inference as the engine with the same row dropping
-(rows that are all zero after a layer are removed when every later layer maps
-zero to zero) and returns ``(sorted alive 0-based ids, inference seconds)``.
-Only inference is timed, as in ``engine.run_inference``: weights and the
-dense input features are on the device before the clock starts; the clock
-covers the layers and fetching the survivors' ids to the host.
-
-- ``cusparse_infer``: cupyx.scipy.sparse CSR of W^T times dense Y^T (cuSPARSE SpMM).
-- ``torch_sparse_infer``: torch.sparse CSR, the same product.
-
-A peer that runs out of device memory raises ``SpdnnError`` (``device_memory``):
-the benchmark reports it as skipped and goes on.
+"""GPU peers for `spdnn bench`: cuSPARSE (through CuPy) and torch.sparse, CSR of W^T times
+dense Y^T with the engine's row dropping; each returns ``(sorted alive 0-based ids,
+inference seconds)``, timed as the engine times (inputs already on the device).
 """
 
 from __future__ import annotations
@@ -25,20 +14,13 @@ from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.reference import droppable_after
 
 
-def _cupy():
-    from spdnn_mpi.backends.cuda.backend import import_cupy
-
-    return import_cupy()
-
-
 @out_of_memory_is_a_skip("cusparse")
 def cusparse_infer(network: Network, rows: SparseRows) -> tuple[np.ndarray, float]:
-    """Inference through cupyx.scipy.sparse (cuSPARSE SpMM), dead rows dropped per layer.
+    """Inference through cupyx.scipy.sparse (cuSPARSE SpMM), dead rows dropped per layer
+    by index (CuPy's boolean row mask takes 31 GB at 60000 x 65536)."""
+    from spdnn_mpi.backends.cuda.compile import import_cupy
 
-    Rows are dropped by index: CuPy's boolean row mask on a 2-D array scans a
-    mask of the array's whole shape in int64 (31 GB at 60000 x 65536).
-    """
-    cp = _cupy()
+    cp = import_cupy()
     import cupyx.scipy.sparse as cps
 
     drop = droppable_after(network)

@@ -1,9 +1,5 @@
-"""CPU peer for the benchmark: SuiteSparse:GraphBLAS through python-graphblas.
-
-The established CPU reference for the challenge: Y is a sparse matrix, so
-rows that die hold no entries and cost nothing, which is the same row
-dropping our engine does.
-"""
+"""CPU peer for the benchmark: SuiteSparse:GraphBLAS through python-graphblas (Y sparse,
+so rows that die cost nothing, like our row dropping)."""
 
 from __future__ import annotations
 
@@ -15,9 +11,7 @@ from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.reference import LayerProgress
 
-#: Host bytes the peer holds per image x neuron at its peak (measured 60000 x
-#: 1024 with the in-place updates below: values, int64 column indices and the
-#: saxpy workspace of the first layers, where rows are still dense-ish).
+#: Host bytes the peer holds per image x neuron at its peak (measured at 60000 x 1024).
 GRAPHBLAS_BYTES_PER_ENTRY = 16
 
 
@@ -33,15 +27,9 @@ def graphblas_memory_check(network: Network, rows: SparseRows) -> None:
 
 def graphblas_infer(network: Network, rows: SparseRows, threads: int | None = None,
                     progress: LayerProgress | None = None) -> tuple[np.ndarray, float]:
-    """(sorted alive 0-based ids, inference seconds) computed with GraphBLAS.
-
-    Follows the official GraphBLAS reference: Z = Y (+.*) W; bias added to the
-    entries of Z; keep entries > 0; min with the clip. Needs scalar biases
-    <= 0 (then this equals the plain formula). Results are written in place
-    (``<<``) into two matrices swapped per layer: a fresh ``.new()`` matrix per
-    step sits in a reference cycle until Python's cyclic GC runs, which let
-    the peer's memory grow with every layer (12.2 GB at 1024 x 120).
-    ``progress(layers done)`` is called after each layer.
+    """(sorted alive 0-based ids, inference seconds) computed as the official GraphBLAS
+    reference does; needs scalar biases <= 0. Written in place (``<<``) into two matrices:
+    a ``.new()`` a step grew the memory with every layer (12.2 GB at 1024 x 120).
     """
     try:
         import graphblas as gb

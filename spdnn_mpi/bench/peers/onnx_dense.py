@@ -1,21 +1,12 @@
-"""CPU peer for imported models: the dense model in onnxruntime.
-
-The network is written back as a standard dense ONNX model (Gemm with the
-weight as ``(out, in)``, ``transB=1``, as ``torch.onnx.export`` writes
-``nn.Linear``; Relu after ReLU layers; Clip where a layer clips), so the peer
-runs exactly what a practitioner would deploy: every zero of the pruned
-weights is multiplied like any other weight by onnxruntime's MLAS GEMM.
-Only ``session.run`` is timed, on inputs already densified, as the engine
-times its layers with the inputs already on the device.
-"""
+"""CPU peer for imported models: the network written back as a standard dense ONNX model
+(what a practitioner deploys, zeros multiplied) and run in onnxruntime; only
+``session.run`` on densified inputs is timed."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
+from spdnn_mpi.bench.peers import timed_runs
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
 
@@ -65,11 +56,8 @@ def dense_onnx(network: Network) -> bytes:
 def onnxruntime_infer(network: Network, rows: SparseRows, *, threads: int | None = None,
                       batch: int | None = None, repeat: int = 3
                       ) -> tuple[np.ndarray, float, list[float]]:
-    """(final outputs of every row, median seconds, every run's seconds) in onnxruntime.
-
-    ``batch`` rows per ``run`` call (all at once by default); one untimed
-    warm-up run first.
-    """
+    """(final outputs of every row, median seconds, every run's seconds) in onnxruntime,
+    ``batch`` rows a ``run`` call (default: all), after an untimed warm-up."""
     _, ort, _, _ = _modules()
     opts = ort.SessionOptions()
     if threads is not None:
@@ -82,11 +70,5 @@ def onnxruntime_infer(network: Network, rows: SparseRows, *, threads: int | None
         parts = [sess.run(None, {"x": x[lo:lo + step]})[0] for lo in range(0, len(x), step)]
         return np.concatenate(parts) if parts else np.zeros((0, network.layers[-1].n_out))
 
-    run()
-    times = []
-    out = None
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - t0)
-    return np.asarray(out, dtype=np.float32), statistics.median(times), times
+    out, median, times = timed_runs(run, repeat)
+    return np.asarray(out, dtype=np.float32), median, times

@@ -1,23 +1,12 @@
-"""GPU peers for imported models: PyTorch dense (cuBLAS) and torch.sparse CSR.
-
-``torch_dense_infer`` runs the model as a practitioner would on a GPU:
-``y = act(y @ W + b)`` with the dense (zeros included) weight, one cuBLAS
-GEMM per layer over the whole batch. ``torch_sparse_mlp_infer`` keeps W^T as
-a torch.sparse CSR tensor and multiplies it with the dense features (cuSPARSE
-SpMM underneath). Weights and dense inputs are on the device before the
-clock starts; the clock covers the layers and fetching the outputs to the
-host, like the engine's. Both raise ``SpdnnError`` with the reason when
-PyTorch or a CUDA device is missing, or the card runs out of memory, which
-the benchmark reports as a skip.
-"""
+"""GPU peers for imported models: PyTorch dense (one cuBLAS GEMM a layer, zeros included)
+and torch.sparse CSR (cuSPARSE SpMM), timed as the engine times. A missing PyTorch or
+device, or running out of memory, is a ``SpdnnError`` (a skip)."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
+from spdnn_mpi.bench.peers import timed_runs
 from spdnn_mpi.bench.peers.device_memory import out_of_memory_is_a_skip
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
@@ -44,14 +33,8 @@ def torch_csr_t(torch, layer, dev):
 
 
 def _timed(torch, dev, fn, repeat: int) -> tuple[np.ndarray, float, list[float]]:
-    fn()  # warm-up: cuBLAS/cuSPARSE handles, kernel selection
-    torch.cuda.synchronize(dev)
-    times, out = [], None
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = fn()  # ends with a copy to the host, which synchronises
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times), times
+    """``timed_runs`` of ``fn``, which ends with a copy to the host (so synchronises)."""
+    return timed_runs(fn, repeat, lambda: torch.cuda.synchronize(dev))
 
 
 def _epilogue(torch, z, layer):

@@ -1,11 +1,6 @@
-"""Import a trained MLP (ONNX or safetensors) into a store, with inputs, labels and predictions.
-
-The store gets the layers as CSR of W transposed with the zeros dropped, the
-``argmax`` readout, the inputs (float32 values kept), the true labels when
-given, and the reference predictions computed here with the plain reference,
-which ``spdnn infer --check`` compares with. Everything is checked before the
-store is written, and the store is written atomically: a refused model leaves
-nothing under the output name.
+"""Import a trained MLP (ONNX or safetensors) into a store, with inputs, labels and the
+reference predictions ``spdnn infer --check`` compares with. Everything is checked
+before the store is written atomically: a refused model leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,8 +16,6 @@ from spdnn_mpi.errors import InputFormatError, SpdnnError
 from spdnn_mpi.formats.models.mlp import DenseLayer, dense_network, sparsity, to_float32
 from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.util.outputs import check_outputs
-
-FORMATS = ("onnx", "safetensors")
 
 
 def model_format(path: Path) -> str:
@@ -132,9 +125,7 @@ def import_model(model: str | os.PathLike, out: str | os.PathLike, *,
                  activations: list[str] | None = None,
                  force: bool = False, notes: dict | None = None) -> dict:
     """Write the store for ``model`` at ``out``; returns a summary of what was written.
-
-    ``inputs`` and ``labels`` are .npy paths or arrays; ``notes`` are added to
-    the recorded source (e.g. where in-memory inputs came from).
+    ``inputs``, ``labels``: .npy paths or arrays; ``notes``: added to the recorded source.
     """
     from spdnn_mpi import __version__
     from spdnn_mpi.reference import reference_predictions

@@ -1,13 +1,5 @@
-"""Dense MLP layers read from model files, turned into the store's sparse layers.
-
-The ONNX and safetensors readers (``onnx_reader``, ``safetensors_reader``) both
-hand back a list of ``DenseLayer``: the weight as ``(n_in, n_out)`` (the
-``x @ W`` orientation), a bias vector and an activation, each named after the
-node or tensors it came from so that every refusal can say where. Here the
-chain is checked (finite values, matching widths) and each layer becomes CSR
-of W transposed with its zeros dropped (one row per output neuron, which is
-PyTorch's ``nn.Linear.weight`` layout).
-"""
+"""Dense MLP layers read from model files (``DenseLayer``, named after their node or
+tensors for messages), checked and turned into the store's sparse layers."""
 
 from __future__ import annotations
 
@@ -39,9 +31,8 @@ class DenseLayer:
 
 
 def to_float32(array: np.ndarray) -> np.ndarray:
-    """``array`` cast to float32 silently: a value beyond float32's range becomes inf,
-    which the caller's finiteness check refuses in one line (numpy's RuntimeWarning
-    would print a source line above it)."""
+    """``array`` cast to float32 without numpy's overflow warning: a value beyond
+    float32's range becomes inf, which the caller's finiteness check refuses."""
     with np.errstate(over="ignore", invalid="ignore"):
         return np.asarray(array).astype(np.float32)
 
@@ -97,11 +88,10 @@ def sparse_layer(layer: DenseLayer) -> Layer:
 
 
 def dense_network(path: str | os.PathLike, layers: list[DenseLayer],
-                  provenance: dict | None = None, n_inputs: int | None = None) -> Network:
+                  n_inputs: int | None = None) -> Network:
     """Check the chain and build the argmax-readout network the store will hold."""
     check_chain(path, layers, n_inputs)
-    return Network([sparse_layer(layer) for layer in layers], dict(provenance or {}),
-                   readout="argmax")
+    return Network([sparse_layer(layer) for layer in layers], readout="argmax")
 
 
 def sparsity(network: Network) -> float:

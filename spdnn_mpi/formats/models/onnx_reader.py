@@ -1,14 +1,8 @@
 """Read an MLP from an ONNX file: a chain of Gemm, or MatMul then Add, each optionally then Relu.
 
-That is what ``torch.onnx.export`` writes for ``nn.Linear``/``nn.ReLU`` stacks
-and what ``skl2onnx`` writes for scikit-learn's MLPs. Accepted around the
-chain: a leading Cast to float and Identity nodes; after the last layer a
-classifier head (Softmax or LogSoftmax, then ArgMax and the label nodes
-skl2onnx adds: ArrayFeatureExtractor over the classes 0..K-1, Reshape, Cast,
-ZipMap), which does not change the argmax of the logits the store keeps.
-Anything else (convolutions, other activations, branches, weights that are
-computed rather than stored) is refused with the node's name. The file is
-read with the ``onnx`` package; ``.onnx.gz`` files are decompressed first.
+Also accepted: a leading Cast to float, Identity nodes, and after the last layer a
+classifier head that keeps the argmax of the logits (Softmax, ArgMax, skl2onnx's
+label nodes). Anything else is refused with the node's name.
 """
 
 from __future__ import annotations
@@ -115,12 +109,8 @@ class _Graph:
         self._check_single_writers({t.name for t in graph.initializer})
 
     def _check_single_writers(self, stored: set[str]) -> None:
-        """Refuse a tensor written twice, or the graph's input or a stored weight written.
-
-        Each tensor having one writer, and the input none, is what makes the
-        walk from the input along consumers end: without it a node writing
-        the input closes a cycle and the walk never stops.
-        """
+        """Refuse a tensor written twice, or the graph's input or a stored weight written
+        (one writer a tensor is what makes the walk along consumers end: no cycle)."""
         writer: dict[str, object] = {}
         for node in self.nodes:
             for name in node.output:
@@ -313,7 +303,6 @@ def read_onnx(path: str | os.PathLike) -> tuple[list[DenseLayer], dict]:
                                    "ReLU, convolutions and reshapes are refused)")
         cur = node.output[0]
     logits = cur
-    # Everything left must be the classifier head hanging off the logits.
     n_classes = layers[-1].n_out if layers else 0
     tail, todo = set(), [logits]
     while todo:

@@ -1,14 +1,9 @@
 """Read an MLP from a safetensors file of PyTorch ``nn.Linear`` layers.
 
-Each layer is ``NAME.weight`` of shape ``(out, in)`` and optionally
-``NAME.bias`` of shape ``(out,)``. Layers come in file order (the order of
-their data in the file) unless ``layer_order`` names them. safetensors
-writers sort tensors by name, so ``layers.10`` lands before ``layers.2``:
-when names end in numbers that the file order does not follow, the reader
-refuses and asks for the order rather than guess. The file holds no
-activations: ReLU after every layer but the last, which has none, unless
-``activations`` says otherwise. Tensors are read with the ``safetensors``
-package's numpy API.
+Layers come in file order unless ``layer_order`` names them; names ending in numbers
+the file order does not follow (writers sort by name: ``layers.10`` before
+``layers.2``) are refused rather than guessed. Activations: ReLU after every layer
+but the last, unless ``activations`` says otherwise.
 """
 
 from __future__ import annotations
@@ -54,8 +49,8 @@ def read_header(path: Path) -> dict:
 
 
 def _check_entry(path: Path, name: str, entry) -> None:
-    """One tensor's header entry: an object with a dtype, a shape (a list of sizes) and
-    data_offsets (two integers); anything else is a one-line refusal naming the tensor."""
+    """Refuse a tensor's header entry that is not an object with a shape (a list of sizes)
+    and data_offsets (two integers)."""
     where = f"tensor '{name}'"
     if not isinstance(entry, dict):
         raise ModelFormatError(path, where, f"header entry is not an object ({entry!r:.60})")

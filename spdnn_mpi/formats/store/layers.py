@@ -1,13 +1,9 @@
 """How a store keeps its layers: packed (schema 3) or one HDF5 group a layer (1 and 2).
 
-Schema 3 puts every layer's arrays in a few datasets under ``/network``, one
-after another in layer order, with a table of per-layer facts and offsets
-(``docs/store.md``). Reading a whole network is then a handful of large reads
-at the disk's speed; one group a layer cost about 1 ms a layer in HDF5 calls
-alone (2 s for 1920 layers of 1024 neurons). Both forms hand the reader the
-same thing per layer: its attributes as a mapping and its arrays, which
-``validate.check_layer`` turns into a checked ``Layer``. Messages name a
-layer's arrays as ``network/l00002/indices`` in both forms.
+Schema 3 packs every layer's arrays into a few datasets with a table of offsets
+(``docs/store.md``): a few large reads, where one group a layer cost about 1 ms a
+layer in HDF5 calls. Both forms give the reader a layer's attributes (schema 2's
+names) and arrays.
 """
 
 from __future__ import annotations
@@ -21,22 +17,19 @@ from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store.schema import layer_key
 from spdnn_mpi.model import ACTIVATIONS
 
-#: One row per layer (schema 3): shape, forms and where its arrays start. A start of
-#: -1 means the layer has no such array (row_degree form, uniform value, scalar bias);
-#: the value fields of the forms a layer does not use hold NaN, so a start damaged
-#: into -1 reads as a value that is not finite, and is refused.
+#: One row per layer (schema 3): shape, forms and where its arrays start (-1: no such
+#: array). Unused value fields hold NaN, so a start damaged into -1 is refused.
 TABLE_DTYPE = np.dtype([
     ("n_in", "<i8"), ("n_out", "<i8"), ("nnz", "<i8"), ("row_degree", "<i8"),
     ("indices_start", "<i8"), ("indptr_start", "<i8"), ("values_start", "<i8"),
     ("bias_start", "<i8"), ("uniform_value", "<f4"), ("bias", "<f4"), ("clip", "<f4"),
     ("has_clip", "u1"), ("activation", "u1"),
 ])
-#: Array -> (dataset holding it, its dtype): indices of layers with at most 65536 inputs
-#: are 16-bit, the others 32-bit, each kind in its own dataset.
+#: Packed dataset -> its dtype (indices of layers with at most 65536 inputs are 16-bit).
 DATASETS = {"indices16": np.uint16, "indices32": np.int32, "indptr": np.int64,
             "values": np.float32, "bias": np.float32}
-#: Entries a chunk of the packed datasets holds at most (and at least): large reads,
-#: and about one layer's worth for small networks, whose file then stays their size.
+#: Entries a chunk of the packed datasets holds, at least and at most (about a layer's
+#: worth for small networks, so their file stays their size).
 CHUNK_RANGE = (1 << 12, 1 << 21)
 
 Arrays = tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]

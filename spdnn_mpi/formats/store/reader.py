@@ -1,12 +1,6 @@
-"""The HDF5 store: one file holding a network, its inputs and truth categories.
-
-Every rank loads from this format, so it is versioned and checked on open,
-and every array is validated (``formats.store.validate``) when read. The schema
-is documented in ``docs/store.md`` and named in ``formats.store.schema``; writing
-is ``formats.store.writer``. Version 3 packs every layer's arrays into a few
-datasets (``formats.store.layers``); version 2 added per-layer activations, the
-network's readout, true labels and reference predictions; versions 1 and 2 (one
-group a layer) still read.
+"""Reading the HDF5 store (``docs/store.md``): one file holding a network, its inputs
+and truth. Versioned and checked on open; every array is validated
+(``formats.store.validate``) as it is read.
 """
 
 from __future__ import annotations
@@ -35,12 +29,9 @@ from spdnn_mpi.model import READOUTS, Layer, Network, SparseRows
 
 
 class Store:
-    """Read access to a store, checked against the schema on open and as arrays are read.
-
-    Every array passes ``formats.store.validate`` before it is handed out, so no
-    kernel ever sees an index out of range or a row pointer that goes
-    backwards; ``validate_seconds`` sums the time those checks took. Inputs
-    can be read by row range so that each MPI rank touches only its own rows.
+    """Read access to a store, checked against the schema on open and as arrays are read
+    (no kernel sees an index out of range); ``validate_seconds`` sums the checks' time.
+    Inputs are read by row range, so each rank touches only its own rows.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -107,10 +98,8 @@ class Store:
         self.close()
 
     def identity(self) -> str:
-        """Digest of what makes this store itself (header, shapes, size), not of its path.
-
-        Copies of one store on several nodes agree; two different stores do not.
-        """
+        """Digest of what makes this store itself (header, shapes, size), not of its path:
+        copies of one store on several nodes agree."""
         facts = [self.schema_version, self.created, json.dumps(self.provenance, sort_keys=True),
                  self.n_layers, self._input_shape() if self.has_inputs else None,
                  self.path.stat().st_size]
@@ -202,8 +191,7 @@ class Store:
         return self.readout == "argmax" or self.provenance.get("tool") == "spdnn import"
 
     def _no_inputs_message(self) -> str:
-        """No inputs, and how to make the store again with them: `spdnn import` for an
-        imported model, `spdnn prepare` or `generate` for a challenge store."""
+        """No inputs, and how to make the store again with them."""
         if self.is_imported_model():
             source = self.provenance.get("source")
             model = source.get("model") if isinstance(source, dict) else None
@@ -276,26 +264,39 @@ class Store:
         self._timed(t0)
         return SparseRows(n_cols, indptr - lo, indices, values, start)
 
-    # -- truth -------------------------------------------------------------
-    def _truth_group(self) -> h5py.Group | None:
-        group = self._file.get("truth")
-        return group if isinstance(group, h5py.Group) else None
+    # -- truth and predictions: one dataset l<n_layers> a layer count ------------
+    def _stored(self, name: str, n_layers: int) -> tuple[h5py.Group, str] | None:
+        """(group, key) of group ``name``'s set for ``n_layers`` layers, if stored."""
+        group, key = self._file.get(name), f"l{n_layers}"
+        return (group, key) if isinstance(group, h5py.Group) and key in group else None
 
-    def truth_layers(self) -> list[int]:
-        group = self._truth_group()
-        if group is None:
+    def _stored_layers(self, name: str) -> list[int]:
+        """The layer counts group ``name`` has a set for."""
+        group = self._file.get(name)
+        if not isinstance(group, h5py.Group):
             return []
         return sorted(
             validate.integer_attr(f"{self.path}: {d.name[1:]}", d.attrs, "n_layers", 1)
             for d in group.values()
         )
 
+    def _source(self, name: str, n_layers: int) -> str | None:
+        """What computed group ``name``'s set for ``n_layers`` layers, if stored."""
+        found = self._stored(name, n_layers)
+        if found is None:
+            return None
+        group, key = found
+        return str(group[key].attrs.get("computed_by", "unknown"))
+
+    def truth_layers(self) -> list[int]:
+        return self._stored_layers("truth")
+
     def truth(self, n_layers: int) -> np.ndarray | None:
         """Sorted 1-based surviving image ids after ``n_layers`` layers, if stored (validated)."""
-        group = self._truth_group()
-        key = f"l{n_layers}"
-        if group is None or key not in group:
+        found = self._stored("truth", n_layers)
+        if found is None:
             return None
+        group, key = found
         ids = self._read(group, key)
         n_images = self.n_images if self.has_inputs else None
         t0 = time.perf_counter()
@@ -304,11 +305,7 @@ class Store:
         return ids
 
     def truth_source(self, n_layers: int) -> str | None:
-        group = self._truth_group()
-        key = f"l{n_layers}"
-        if group is None or key not in group:
-            return None
-        return str(group[key].attrs.get("computed_by", "unknown"))
+        return self._source("truth", n_layers)
 
     # -- labels and predictions (argmax readout) ----------------------------
     def _classes(self, group: h5py.Group, key: str, what: str, n_layers: int) -> np.ndarray:
@@ -335,33 +332,16 @@ class Store:
             return None
         return self._classes(self._file, "labels", "labels", self.n_layers)
 
-    def _predictions_group(self) -> h5py.Group | None:
-        group = self._file.get("predictions")
-        return group if isinstance(group, h5py.Group) else None
-
     def prediction_layers(self) -> list[int]:
-        group = self._predictions_group()
-        if group is None:
-            return []
-        return sorted(
-            validate.integer_attr(f"{self.path}: {d.name[1:]}", d.attrs, "n_layers", 1)
-            for d in group.values()
-        )
+        return self._stored_layers("predictions")
 
     def predictions(self, n_layers: int) -> np.ndarray | None:
         """Stored predicted class of every image after ``n_layers`` layers, if any."""
-        group = self._predictions_group()
-        key = f"l{n_layers}"
-        if group is None or key not in group:
-            return None
-        return self._classes(group, key, "predictions", n_layers)
+        found = self._stored("predictions", n_layers)
+        return None if found is None else self._classes(*found, "predictions", n_layers)
 
     def predictions_source(self, n_layers: int) -> str | None:
-        group = self._predictions_group()
-        key = f"l{n_layers}"
-        if group is None or key not in group:
-            return None
-        return str(group[key].attrs.get("computed_by", "unknown"))
+        return self._source("predictions", n_layers)
 
     def _activation_counts(self) -> dict[str, int]:
         """How many layers have each activation (read from attributes only)."""

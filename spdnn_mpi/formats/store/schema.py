@@ -8,10 +8,9 @@ from __future__ import annotations
 
 FORMAT_NAME = "spdnn_mpi.store"
 SCHEMA_VERSION = 3
-#: Schema versions this code reads (a set: a new version is added here with its reader).
-#: 1: before per-layer activations, the network readout, labels and predictions
-#: (its layers read as ReLU layers, its readout as ``alive``); 2: one HDF5 group a
-#: layer; 3: every layer's arrays packed into a few datasets with a table of offsets.
+#: Schema versions this code reads. 1: no activations, readout, labels or predictions
+#: (read as ReLU layers, readout ``alive``); 2: one HDF5 group a layer; 3: every
+#: layer's arrays packed into a few datasets with a table of offsets.
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1, 2, 3})
 
 

@@ -1,13 +1,8 @@
 """Checks on a store's file, arrays and attributes, made once when read and before written.
 
-The compute kernels trust their index arrays: an index out of range is a
-segfault or a silently wrong answer, a row pointer that goes backwards reads
-the wrong nonzeros. So every array read from a store passes through here
-before any kernel sees it. Every check is a whole-array NumPy reduction (no
-Python loop over nonzeros); only on the error path is the first bad position
-searched for. A failure is a :class:`StoreError` naming the store and the
-dataset (``where`` carries both, e.g. ``store.h5: network/l00003``). The
-writer runs the same checks on what it is about to store.
+The kernels trust their index arrays (an index out of range is a segfault or a
+wrong answer), so every array read passes here first, as whole-array NumPy
+reductions. A failure is a :class:`StoreError` naming ``where`` (store and dataset).
 """
 
 from __future__ import annotations
@@ -59,11 +54,8 @@ def real_attr(where: str, attrs: Mapping, name: str) -> float:
 
 
 def clip_attr(where: str, attrs: Mapping) -> float | None:
-    """The ``clip`` attribute: absent (no clip) or a finite number > 0.
-
-    inf is refused: no writer stores it for "no clip" (that is no attribute),
-    and a clip beyond float32's range (``--clip 1e39``) must not silently mean none.
-    """
+    """The ``clip`` attribute: absent (no clip) or a finite number > 0 (inf is refused:
+    a clip beyond float32's range must not silently mean none)."""
     if "clip" not in attrs:
         return None
     value = attrs["clip"]
@@ -91,11 +83,8 @@ def check_vector(where: str, name: str, array: np.ndarray, dtype, length: int) -
 
 def check_row_pointer(where: str, name: str, indptr: np.ndarray, n_rows: int, nnz: int,
                       first: int = 0) -> None:
-    """A CSR row pointer: int64, ``n_rows + 1`` long, from ``first`` to ``nnz``, never decreasing.
-
-    ``first`` is the value the pointer starts at (0 for a whole pointer, the
-    offset of the first row for a slice of one).
-    """
+    """A CSR row pointer: int64, ``n_rows + 1`` long, from ``first`` to ``nnz``, never
+    decreasing."""
     check_vector(where, name, indptr, np.int64, n_rows + 1)
     if int(indptr[0]) != first or int(indptr[-1]) != nnz:
         raise StoreError(f"{where}/{name}: runs from {int(indptr[0])} to {int(indptr[-1])}, "
@@ -122,11 +111,8 @@ def check_row_pointer_slice(where: str, name: str, indptr: np.ndarray, total: in
 
 def check_indices(where: str, name: str, indices: np.ndarray, extent: int,
                   exact: bool = True) -> None:
-    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range.
-
-    ``exact`` False accepts any integer dtype (a writer checks the ids it is
-    given before casting them to the stored dtype, where they could wrap).
-    """
+    """Ids into ``[0, extent)``: of the documented dtype exactly, every value in range
+    (``exact`` False: any integer dtype, for a writer's ids before the cast)."""
     dtype = index_dtype(extent)
     check_one_dimension(where, name, indices.shape)
     if (exact and indices.dtype != dtype) or not np.issubdtype(indices.dtype, np.integer):
@@ -150,11 +136,8 @@ def check_finite(where: str, name: str, array: np.ndarray) -> None:
 
 
 def check_inputs_group(where: str, group, first_n_in: int) -> tuple[int, int, int]:
-    """(n_rows, n_cols, nnz) of an ``inputs`` group, its attributes checked against its datasets.
-
-    Only shapes, dtypes and attributes are read here; a rank's rows are
-    checked when it reads them.
-    """
+    """(n_rows, n_cols, nnz) of an ``inputs`` group, its attributes checked against its
+    datasets (shapes and dtypes only: a rank's rows are checked when it reads them)."""
     n_rows = integer_attr(where, group.attrs, "n_rows", 0)
     n_cols = integer_attr(where, group.attrs, "n_cols", 1)
     for name in ("indptr", "indices"):
@@ -218,12 +201,11 @@ def check_classes(where: str, what: str, classes: np.ndarray, n_images: int | No
 
 def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndarray | None,
                 values: np.ndarray | None, bias_vec: np.ndarray | None) -> Layer:
-    """The layer a group's attributes and arrays describe, every rule of the schema checked.
+    """The layer a group's attributes and arrays describe, every rule of the schema checked
+    (the writer runs it too, so it never stores what the reader would refuse).
 
-    ``indptr`` None means the ``row_degree`` form, ``values`` None the
-    ``uniform_value`` form, ``bias_vec`` None a scalar (or absent) bias. The
-    reader runs it on what it read and the writer on what it is about to
-    write, so that no writer stores what the reader would refuse.
+    ``indptr`` None: the ``row_degree`` form; ``values`` None: ``uniform_value``;
+    ``bias_vec`` None: a scalar (or absent) bias.
     """
     n_in = integer_attr(where, attrs, "n_in", 1)
     n_out = integer_attr(where, attrs, "n_out", 1)
@@ -267,11 +249,8 @@ def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndar
 
 
 def check_store_file(path: Path) -> None:
-    """Refuse a missing path, a directory, or anything else not a regular file.
-
-    Checked with stat before HDF5 opens it: opening a FIFO blocks until a
-    writer comes, forever if none does.
-    """
+    """Refuse a missing path, a directory, or anything else not a regular file (before
+    HDF5 opens it: opening a FIFO blocks until a writer comes)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

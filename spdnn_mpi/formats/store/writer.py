@@ -1,10 +1,6 @@
-"""Writing a store: atomically, one layer at a time, and safe when the disk fills up.
-
-HDF5 does not survive a failed write (after one, h5py crashes the process on
-a later call), so the temporary file is handed to HDF5 through
-:class:`_GuardedFile`: a failed write (disk full, quota, file size limit) is
-remembered instead of reported to HDF5, and ``StoreWriter`` turns it into a
-one-line error and drops the temporary.
+"""Writing a store: atomically, one layer at a time, and safe when the disk fills up
+(after a failed write h5py crashes the process on a later call, so HDF5 writes
+through :class:`_GuardedFile`, which only remembers the failure).
 """
 
 from __future__ import annotations
@@ -25,17 +21,9 @@ from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
 from spdnn_mpi.util.atomic import atomic_path, write_error
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
 class _GuardedFile:
-    """A file for h5py's ``fileobj`` driver that never reports a failed write to HDF5.
-
-    After the first failed write, writes are dropped but counted as done (the
-    file is doomed anyway) so HDF5 stays consistent until it is closed;
-    ``error`` holds the failure. Reads and writes use pread/pwrite at an
-    offset of its own, so no state lives in the OS file position.
+    """A file for h5py's ``fileobj`` driver that never reports a failed write to HDF5:
+    later writes are dropped but counted as done, and ``error`` holds the failure.
     """
 
     def __init__(self, path: Path):
@@ -130,12 +118,8 @@ def _stored_form(where: str, layer: Layer) -> tuple[dict, dict]:
 
 
 class StoreWriter:
-    """Builds a store under a temporary name; ``close()`` renames it into place.
-
-    Use as a context manager: an exception inside the block removes the
-    temporary, so no half-written store is ever left under the final name.
-    Layers are written one at a time, so writing never holds a whole network.
-    """
+    """Builds a store under a temporary name, one layer at a time; ``close()`` renames it
+    into place. As a context manager, an exception removes the temporary."""
 
     def __init__(self, path: str | os.PathLike, provenance: dict | None = None,
                  readout: str = "alive"):
@@ -152,7 +136,7 @@ class StoreWriter:
             raise  # pragma: no cover - the line above always raises
         self._file.attrs["format"] = FORMAT_NAME
         self._file.attrs["schema_version"] = SCHEMA_VERSION
-        self._file.attrs["created"] = _now()
+        self._file.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         self._file.attrs["provenance"] = json.dumps(provenance or {}, sort_keys=True)
         self._net = self._file.create_group("network")
         self._net.attrs["readout"] = readout
@@ -172,13 +156,8 @@ class StoreWriter:
         self._check_written()
 
     def add_layer(self, layer: Layer) -> None:
-        """Append the next layer (its n_in must equal the previous n_out).
-
-        The layer is checked first by the reader's rules (``validate.check_layer``)
-        on exactly what will be stored, float32 casts done: a value that is not
-        finite as float32, an id out of range or a layer without outputs is
-        refused here, not when the store is read.
-        """
+        """Append the next layer (its n_in must equal the previous n_out), checked by the
+        reader's rules on exactly what is stored (float32 casts done)."""
         if self._last_n_out is not None and layer.n_in != self._last_n_out:
             raise StoreError(
                 f"layer {self._n_layers + 1} has {layer.n_in} inputs but the previous "
