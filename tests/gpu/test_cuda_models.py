@@ -71,7 +71,7 @@ def test_shipped_models_predict_like_the_reference(tmp_path):
 
 @pytest.mark.parametrize("peer", ["torch_dense_infer", "torch_sparse_mlp_infer"])
 def test_torch_model_peers_match_the_reference(peer):
-    from spdnn_mpi.bench.peers import torch_dense
+    from spdnn_mpi.bench.peers import torch_models as torch_dense
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.reference import forward_dense
 
