@@ -6,8 +6,9 @@ layer files of a ``neuron{N}`` folder (:class:`FolderLayers`) or of the
 official archive (``formats.tsv.archive.ArchiveLayers``) in ``jobs`` worker
 processes (``util.workers``; ``jobs`` 1 parses here, one layer at a time)
 while the caller writes, and yields them in layer order. Memory stays
-bounded: at most 2 x jobs layers are between being read and being handed
-on, and layers that arrive early (an archive holds its members in the order
+bounded: at most 2 x jobs batches of layers (one big layer, or small ones up
+to ``BATCH_BYTES`` of text) are between being read and being handed on, and
+layers that arrive early (an archive holds its members in the order
 it was made in, not the layer order) are held up to ``HELD_BYTES``, then
 kept in a scratch folder beside the output until their turn.
 """
@@ -31,6 +32,11 @@ from spdnn_mpi.model import Layer
 #: Bytes of parsed layers held in memory while they wait for an earlier layer; beyond
 #: it they wait on disk (N = 65536: about 200 layers in memory).
 HELD_BYTES = 1 << 30
+#: Text bytes (a gzip file counted as ``GZIP_RATIO`` times its size) sent to a worker in
+#: one message: small layers go in batches (N = 1024: about 14), so that messages and
+#: process switches stay few; a big layer goes alone.
+BATCH_BYTES = 8 << 20
+GZIP_RATIO = 6
 
 
 class FolderLayers:
@@ -68,6 +74,38 @@ def _parse(task: tuple) -> tuple[int, Layer]:
     """One layer file (a path or an archive member's bytes) parsed and checked: (k, layer)."""
     k, source, neurons, bias, clip = task
     return k, tsv_tree.read_checked_layer(source, neurons, bias=bias, clip=clip)
+
+
+def _parse_batch(tasks: list[tuple]) -> list[tuple[int, Layer]]:
+    """:func:`_parse` of each task in turn (the first bad file raises)."""
+    return [_parse(task) for task in tasks]
+
+
+def _text_bytes(item: Path | MemberText) -> int:
+    """About how many bytes of text a layer file holds (to batch small ones)."""
+    if isinstance(item, MemberText):
+        size, gz = len(item.data), item.data[:2] == b"\x1f\x8b"
+    else:
+        try:
+            size, gz = item.stat().st_size, item.name.endswith(".gz")
+        except OSError:
+            size, gz = 0, False  # the parse reports it
+    return size * (GZIP_RATIO if gz else 1)
+
+
+def _batches(tasks, limit: int) -> Iterator[list[tuple]]:
+    """Consecutive tasks in lists of at most ``limit`` text bytes (at least one task)."""
+    batch: list[tuple] = []
+    size = 0
+    for task in tasks:
+        nbytes = _text_bytes(task[1])
+        if batch and size + nbytes > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(task)
+        size += nbytes
+    if batch:
+        yield batch
 
 
 def warm_kernels() -> None:
@@ -166,7 +204,7 @@ class LayerReader:
             from spdnn_mpi.util.workers import WorkerPool
 
             warm_kernels()
-            self._pool = WorkerPool(_parse, self.jobs)
+            self._pool = WorkerPool(_parse_batch, self.jobs)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -178,8 +216,11 @@ class LayerReader:
     def __iter__(self) -> Iterator[Layer]:
         tasks = ((k, item, self.source.neurons, self.bias, self.clip)
                  for k, item in self.source)
-        parsed = (map(_parse, tasks) if self._pool is None
-                  else self._pool.map(tasks, window=2 * self.jobs))
+        if self._pool is None:
+            parsed = map(_parse, tasks)
+        else:
+            batches = self._pool.map(_batches(tasks, BATCH_BYTES), window=2 * self.jobs)
+            parsed = (pair for batch in batches for pair in batch)
         for k, layer in parsed:
             yield from self._order.put(k, layer)
         n_layers = self.source.count()  # a missing layer is an error naming it
