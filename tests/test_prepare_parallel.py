@@ -297,3 +297,16 @@ def test_jobs_must_be_positive(tree, tmp_path, capsys):
     assert main(["prepare", "--weights", str(tree["weights"]), "--jobs", "0", "--out",
                  str(tmp_path / "s.h5")]) == 2
     assert "--jobs 0: must be at least 1" in capsys.readouterr().err
+
+
+def test_output_is_never_a_layer_file_or_the_archive(tree, tmp_path, capsys):
+    victim = tree["weights"] / f"n{N}-l7.tsv"
+    link = tmp_path / "link.h5"
+    link.symlink_to(victim)
+    archive = make_archive(tree["weights"], tmp_path / f"neuron{N}.tar.gz")
+    for weights, out in [(tree["weights"], link), (archive, archive)]:
+        before = Path(out).read_bytes()
+        assert main(["prepare", "--weights", str(weights), "--out", str(out), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert "refusing to write over an input" in err, err
+        assert Path(out).read_bytes() == before

@@ -98,35 +98,46 @@ class WorkerPool:
             self.close(graceful=False)
             raise
 
-    def map(self, tasks: Iterable, window: int) -> Iterator:
+    def map(self, tasks: Iterable, window: int, *, flat: bool = False) -> Iterator:
         """``fn(task)`` for each task, in task order; at most ``window`` tasks are
-        taken from ``tasks`` and not yet handed on at any time."""
+        taken from ``tasks`` and not yet handed on at any time. With ``flat``, each
+        result is a list whose items are handed on one by one, and between two items
+        the workers are given their next tasks: none waits while the caller works."""
         window = max(window, 1)
         tasks = iter(tasks)
         idle = list(self._workers)
         busy: dict = {}  # connection -> (task number, worker)
         results: dict[int, tuple[bool, object]] = {}
-        taken = handed = 0
-        more = True
-        while True:
-            self._receive(busy, idle, results, timeout=0)
-            while more and idle and taken - handed < window:
+        state = {"taken": 0, "handed": 0, "more": True}
+
+        def pump(timeout: float | None) -> None:
+            """Collect the replies that are ready, then hand idle workers new tasks."""
+            self._receive(busy, idle, results, timeout)
+            while state["more"] and idle and state["taken"] - state["handed"] < window:
                 try:
                     task = next(tasks)
                 except StopIteration:
-                    more = False
+                    state["more"] = False
                     break
                 worker = idle.pop()
                 worker[1].send(task)
-                busy[worker[1]] = (taken, worker)
-                taken += 1
-            if handed in results:
-                ok, value = results.pop(handed)
-                handed += 1
+                busy[worker[1]] = (state["taken"], worker)
+                state["taken"] += 1
+
+        while True:
+            pump(0)
+            if state["handed"] in results:
+                ok, value = results.pop(state["handed"])
+                state["handed"] += 1
                 if not ok:
                     raise value
-                yield value
-            elif not more and handed == taken:
+                if not flat:
+                    yield value
+                    continue
+                for item in value:
+                    yield item
+                    pump(0)
+            elif not state["more"] and state["handed"] == state["taken"]:
                 return
             else:
                 self._receive(busy, idle, results, timeout=None)

@@ -70,6 +70,10 @@ class ArchiveLayers:
         if self.neurons is None:
             self.neurons = self._first_neurons()
 
+    def sources(self, out: Path) -> dict[str, Path]:
+        """The inputs the output must not be: the archive."""
+        return {"the weights archive": self.path}
+
     def fraction(self) -> float:
         """The share of the archive read so far (0..1)."""
         pos = self._raw.tell() if self._raw is not None and not self._raw.closed else self._read

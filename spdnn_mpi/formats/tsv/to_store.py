@@ -83,8 +83,7 @@ def prepare_store(
     neurons, n_layers = source.neurons, source.n_layers  # n_layers None: all in an archive
     bias = challenge_bias(neurons) if bias is None else float(bias)
     categories = dict(categories or {})
-    sources = ({f"the layer file {p.name}": p for p in source.files}
-               if hasattr(source, "files") else {"the weights archive": weights})
+    sources = source.sources(out)
     sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
     sources["the --inputs file"] = inputs
     check_outputs({"--out": out}, sources, force=force, regular=True)
