@@ -199,6 +199,7 @@ def _member_tar(tree, tmp_path, **kw):
 @pytest.mark.parametrize("case, fragment", [
     ("truncated", f"neuron{N}.tar.gz: truncated"),
     ("corrupt", f"neuron{N}.tar.gz: corrupt or not a tar archive"),
+    ("checksum", "incorrect data check"),
     ("not_tar", "n16-l1.tsv.gz: corrupt or not a tar archive"),
     ("stray", f"neuron{N}.tar.gz[neuron{N}/README]: not a layer file"),
     ("other_n", f"neuron{N}.tar.gz[neuron{N}/n64-l1.tsv]: a layer of N=64, but the network "
@@ -212,11 +213,13 @@ def _member_tar(tree, tmp_path, **kw):
 def test_archive_refusals_are_one_line(tree, tmp_path, capsys, case, fragment):
     extra_args = []
     w = tree["weights"]
-    if case in ("truncated", "corrupt"):
+    if case in ("truncated", "corrupt", "checksum"):
         archive = _member_tar(tree, tmp_path)
         data = bytearray(archive.read_bytes())
         if case == "truncated":
             data = data[: len(data) * 2 // 3]
+        elif case == "checksum":  # the CRC of the whole stream, in its last 8 bytes
+            data[-8] ^= 0xFF
         else:
             data[len(data) // 2: len(data) // 2 + 64] = bytes(64)
         archive.write_bytes(bytes(data))
@@ -310,3 +313,18 @@ def test_output_is_never_a_layer_file_or_the_archive(tree, tmp_path, capsys):
         err = capsys.readouterr().err
         assert "refusing to write over an input" in err, err
         assert Path(out).read_bytes() == before
+
+
+def test_gzip_stream_of_several_members_and_zero_padding(tmp_path):
+    """An archive compressed in pieces (``cat a.gz b.gz``) and padded with zeros, as
+    gzip itself reads it; anything else after the stream is refused."""
+    from spdnn_mpi.formats.tsv import archive as tsv_archive
+
+    payload = bytes(range(256)) * 5000
+    packed = gzip.compress(payload[:1000]) + gzip.compress(payload[1000:]) + bytes(4096)
+    stream = tsv_archive._decompressed(io.BytesIO(packed))
+    assert stream.read() == payload
+    with pytest.raises(OSError, match="not gzip"):
+        tsv_archive._decompressed(io.BytesIO(gzip.compress(payload) + b"junk")).read()
+    with pytest.raises(EOFError):
+        tsv_archive._decompressed(io.BytesIO(gzip.compress(payload)[:-3])).read()

@@ -20,6 +20,7 @@ import os
 import pickle
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,11 +200,27 @@ def _nbytes(layer: Layer) -> int:
     return np.asarray(layer.indptr).nbytes + np.asarray(layer.indices).nbytes + values
 
 
+def _thread_map(pool, tasks, window: int) -> Iterator[tuple[int, Layer]]:
+    """:func:`_parse` of each task on ``pool``'s threads, in task order, at most
+    ``window`` tasks taken and not yet handed on."""
+    pending: deque = deque()
+    for task in tasks:
+        pending.append(pool.submit(_parse, task))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 class LayerReader:
     """The layers of ``source`` (:class:`FolderLayers` or ``ArchiveLayers``) in layer
-    order, parsed in ``jobs`` worker processes; use as a context manager, which
-    stops the workers and drops the scratch folder on the way out, also on errors
-    and interrupts. ``near``: the output, beside which early layers may wait."""
+    order, parsed on ``jobs`` cores: layer files of a folder in worker processes,
+    which read them themselves; archive members, already read into this process
+    (by a thread that decompresses the archive), in threads, as the parser's
+    kernels run without the GIL (sending the bytes to processes cost more than the
+    parse). Use as a context manager, which stops the workers and drops the scratch
+    folder on the way out, also on errors and interrupts. ``near``: the output,
+    beside which early layers may wait."""
 
     def __init__(self, source, *, bias: float, clip: float | None, jobs: int,
                  near: str | os.PathLike) -> None:
@@ -215,9 +232,15 @@ class LayerReader:
         self.jobs = jobs
         self._order = _InOrder(Path(near))
         self._pool = None
+        self._threads = None
 
     def __enter__(self) -> LayerReader:
-        if self.jobs > 1:
+        if self.jobs > 1 and getattr(self.source, "in_memory", False):
+            from concurrent.futures import ThreadPoolExecutor
+
+            warm_kernels()  # compiled kernels loaded once, not by each thread at once
+            self._threads = ThreadPoolExecutor(self.jobs, thread_name_prefix="spdnn-parse")
+        elif self.jobs > 1:
             from spdnn_mpi.util.workers import WorkerPool
 
             warm_kernels()
@@ -225,6 +248,12 @@ class LayerReader:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        close = getattr(self.source, "close", None)  # an archive's thread reading ahead
+        if close is not None:
+            close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)
+            self._threads = None
         self._order.close()
         if self._pool is not None:
             self._pool.close(graceful=exc_type is None)
@@ -233,11 +262,13 @@ class LayerReader:
     def __iter__(self) -> Iterator[Layer]:
         tasks = ((k, item, self.source.neurons, self.bias, self.clip)
                  for k, item in self.source)
-        if self._pool is None:
-            parsed = map(_parse, tasks)
-        else:
+        if self._threads is not None:
+            parsed = _thread_map(self._threads, tasks, window=2 * self.jobs)
+        elif self._pool is not None:
             parsed = self._pool.map(_batches(tasks, BATCH_BYTES), window=2 * self.jobs,
                                     flat=True)
+        else:
+            parsed = map(_parse, tasks)
         for k, layer in parsed:
             yield from self._order.put(k, layer)
         n_layers = self.source.count()  # a missing layer is an error naming it

@@ -127,9 +127,13 @@ def prepare_store(
         for k, layer in enumerate(reader, start=1):
             writer.add_layer(layer)
             edges += layer.nnz
-            share = source.fraction()  # an archive: the share read (layers come in any order)
-            bar(k, f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s",
-                fraction=None if share is None else min(max(share, k / (n_layers or k)), 0.99))
+            rate = f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s"
+            read = source.fraction()  # an archive: the share read (layers come in any order)
+            if read is None:
+                bar(k, rate)
+            else:  # the time left follows the archive read, until the last layer is written
+                done = min(max(read, k / n_layers if n_layers else 0.0), 0.99)
+                bar(k, f"{read:.0%} of the archive read, {rate}", fraction=done)
             if truth_layers:
                 kept.append(layer)
         if n_layers is None:  # an archive read to its end
