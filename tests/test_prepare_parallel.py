@@ -28,6 +28,13 @@ N = 16
 L = 9
 
 
+@pytest.fixture(autouse=True)
+def one_layer_a_batch(monkeypatch):
+    """Each layer file its own batch, so that these small networks keep every worker
+    busy (by default they would fit one batch, and one worker)."""
+    monkeypatch.setattr(tsv_layers, "BATCH_BYTES", 1)
+
+
 @pytest.fixture
 def tree(tmp_path) -> dict:
     """An official-layout tree of L layers of N neurons, 30 images, truth for 4 and L layers."""
@@ -185,6 +192,9 @@ def test_worker_errors_name_file_and_line(tree, tmp_path, capsys, jobs, damage):
         rc = main(["prepare", "--weights", str(weights), "--jobs", str(jobs), "--out",
                    str(out_dir / "s.h5")])
         err = capsys.readouterr().err
+        if jobs > 1:  # the layers were parsed elsewhere than in the main thread
+            how = "parse threads" if weights.is_file() else "worker processes"
+            assert f"({jobs} {how})" in err, err
         if weights.is_file():  # archive[member]:line
             fragment = f"neuron{N}.tar.gz[neuron{N}/" + fragment.replace(".tsv:", ".tsv]:")
         assert rc == 2 and fragment in err and "Traceback" not in err, err
@@ -273,7 +283,7 @@ def test_stopped_parallel_prepare_leaves_nothing(tmp_path, sig, group, packed):
     `kill` the command, a batch system's cancel the group): exits, the workers end with
     it, no file is left."""
     rng = np.random.default_rng(0)
-    net = random_network(rng, [256] * 41, density=0.25)
+    net = random_network(rng, [256] * 61, density=0.25)  # 3 batches of layer files
     tsv_write.write_tree(tmp_path / "tree", net)
     weights = tmp_path / "tree" / "neuron256"
     if packed:  # members parsed in threads, the archive read in another

@@ -130,6 +130,10 @@ class ArchiveLayers:
         if self.neurons is None:
             self.neurons = self._first_neurons()
 
+    def useful_jobs(self, jobs: int) -> int:
+        """Parse threads: members are already in memory, so as many as asked."""
+        return jobs if self.n_layers is None else max(1, min(jobs, self.n_layers))
+
     def sources(self, out: Path) -> dict[str, Path]:
         """The inputs the output must not be: the archive."""
         return {"the weights archive": self.path}

@@ -39,6 +39,11 @@ HELD_BYTES = 1 << 30
 #: process switches stay few; a big layer goes alone.
 BATCH_BYTES = 8 << 20
 GZIP_RATIO = 6
+#: Memory of a worker process besides its layer (Python, numpy, numba, the kernels), and
+#: per byte of a layer's text while it is parsed (text blocks, ids, values, CSR): 8
+#: layers of N = 65536 (52 MB of text each) measured 215 MB a worker.
+WORKER_BYTES = 160 << 20
+PER_TEXT_BYTE = 4
 
 
 class FolderLayers:
@@ -77,6 +82,16 @@ class FolderLayers:
 
     def __iter__(self) -> Iterator[tuple[int, Path]]:
         return iter(enumerate(self.files, start=1))
+
+    def useful_jobs(self, jobs: int) -> int:
+        """``jobs``, but no more workers than batches of layer files to give them, nor
+        than half the memory available holds: each is a process of its own."""
+        from spdnn_mpi.util.memory import available_bytes
+
+        batches = sum(1 for _ in _batches(iter(self), BATCH_BYTES))
+        largest = max(_text_bytes(path) for path in self.files)
+        fit = int(available_bytes() // 2 // (WORKER_BYTES + PER_TEXT_BYTE * largest))
+        return max(1, min(jobs, batches, fit))
 
     def fraction(self) -> float | None:
         return None  # progress counts the layers written

@@ -108,9 +108,10 @@ def prepare_store(
                              made_inputs_source if make_inputs is not None else None,
                              rows.n_rows if rows is not None else n_images)
     count = n_layers if n_layers is not None else "all"
-    jobs = min(jobs, n_layers) if n_layers is not None else jobs
+    jobs = source.useful_jobs(jobs)
+    how = "parse threads" if getattr(source, "in_memory", False) else "worker processes"
     _log(progress, f"{count} layers of N={neurons} from {weights} -> {out}"
-                   + (f" ({jobs} worker processes)" if jobs > 1 else ""))
+                   + (f" ({jobs} {how})" if jobs > 1 else ""))
     kept = []
     # the workers start (fork) before the store is opened, and stop after it is closed
     with LayerReader(source, bias=bias, clip=clip, jobs=jobs, near=out) as reader, \
