@@ -63,6 +63,16 @@ def test_a_worker_that_dies_is_an_error_not_a_hang():
         list(pool.map([1, "die", 3], window=2))
 
 
+def test_a_worker_killed_while_idle_is_an_error_too():
+    with WorkerPool(square, 1) as pool:
+        assert list(pool.map([2], window=1)) == [4]
+        proc = pool._workers[0][0]
+        proc.kill()
+        proc.join()
+        with pytest.raises(SpdnnError, match="signal 9"):
+            list(pool.map([3], window=1))
+
+
 def test_close_stops_every_worker():
     pool = WorkerPool(square, 2)
     procs = [proc for proc, _ in pool._workers]

@@ -120,7 +120,10 @@ class WorkerPool:
                     state["more"] = False
                     break
                 worker = idle.pop()
-                worker[1].send(task)
+                try:
+                    worker[1].send(task)
+                except OSError:  # it died while idle (killed, out of memory)
+                    raise _died(worker[0]) from None
                 busy[worker[1]] = (state["taken"], worker)
                 state["taken"] += 1
 
