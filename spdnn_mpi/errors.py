@@ -19,6 +19,9 @@ class InputFormatError(SpdnnError):
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
 
+    def __reduce__(self):  # pickled as built: a worker process hands it to the main one
+        return type(self), (self.path, self.line, self.message)
+
 
 class StoreError(SpdnnError):
     """A store that is missing, not ours, of an unknown schema or inconsistent."""
@@ -33,6 +36,9 @@ class ModelFormatError(SpdnnError):
         self.message = message
         super().__init__(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")
 
+    def __reduce__(self):
+        return type(self), (self.path, self.where, self.message)
+
 
 class RankFailure(SpdnnError):
     """A failure some rank had in a phase, raised on every rank; only the rank that
@@ -42,3 +48,6 @@ class RankFailure(SpdnnError):
         super().__init__(message)
         self.rank = rank
         self.print_here = print_here
+
+    def __reduce__(self):
+        return type(self), (str(self), self.rank, self.print_here)

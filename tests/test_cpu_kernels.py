@@ -95,7 +95,7 @@ def _shared_layer(rng, n_in, n_out, degree, max_group):
 
 
 def test_shared_inputs_lists_each_output_once_with_its_own_inputs():
-    from spdnn_mpi.backends.cpu.backend import shared_inputs
+    from spdnn_mpi.backends.cpu.share import shared_inputs
     from spdnn_mpi.generators.radixnet import radixnet_layer
 
     layer = radixnet_layer(1024, 2)
@@ -120,7 +120,7 @@ def test_shared_inputs_lists_each_output_once_with_its_own_inputs():
 def test_shared_sum_kernels_give_the_tile_kernels_bits(n_rows, max_group):
     """One sum per input list (whole tiles, the rows of one tile, a few rows) equals every
     output summing on its own, bit for bit, on random values."""
-    from spdnn_mpi.backends.cpu.backend import shared_inputs
+    from spdnn_mpi.backends.cpu.share import shared_inputs
 
     rng = np.random.default_rng(n_rows * 31 + max_group)
     layer = _shared_layer(rng, 300, 211, 16, max_group)
@@ -177,7 +177,8 @@ def test_backend_with_shared_sums_gives_the_same_bits(compress, distinct, monkey
     results = []
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(cpu_backend, "shared_inputs", lambda layer: None)
+            monkeypatch.setattr(cpu_backend, "shared_inputs_all",
+                                lambda layers, threads=None: [None] * len(layers))
         backend = cpu_backend.CpuBackend()
         backend.load_network(net.layers)
         assert backend.describe()["shared_sum_layers"] == (len(net.layers) if shared else 0)

@@ -43,11 +43,13 @@ use --truth-layers.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from spdnn_mpi.commands.options import add_images, add_quiet, add_truth
     from spdnn_mpi.model import CHALLENGE_BIAS
+    from spdnn_mpi.util.workers import default_jobs
 
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--weights", type=Path, metavar="DIR",
-                        help="the neuron{N} folder holding n{N}-l{k}.tsv[.gz] (one network, "
-                             "into --out)")
+    source.add_argument("--weights", type=Path, metavar="DIR|ARCHIVE",
+                        help="the neuron{N} folder holding n{N}-l{k}.tsv[.gz], or the official "
+                             "archive neuron{N}.tar.gz read as it is, never unpacked (one "
+                             "network, into --out)")
     source.add_argument("--tree", type=Path, metavar="DIR",
                         help="an official tree (neuron{N}/ folders, sparse-images-{N}.tsv[.gz], "
                              "neuron{N}-l{L}-categories.tsv, searched recursively): every "
@@ -84,6 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --tree: one store per truth file (its first L layers) instead of "
                         "one per N with all layers found")
     p.add_argument("--force", action="store_true", help="replace existing stores")
+    p.add_argument("--jobs", type=int, default=None, metavar="J",
+                   help="worker processes parsing layer files while this one writes the "
+                        "store (1: all in this process, one layer at a time); default: every "
+                        f"core this process may run on ({default_jobs()} here)")
     add_quiet(p)
 
 
@@ -151,11 +157,16 @@ def run(args: argparse.Namespace) -> int:
     """Convert one network (--weights) or a whole tree (--tree); exit status 0."""
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.tsv.to_store import convert_tree, prepare_store
+    from spdnn_mpi.util.workers import default_jobs
 
     _check_mode(args)
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise SpdnnError(f"--jobs {jobs}: must be at least 1")
     if args.tree is not None:
         for path in convert_tree(args.tree, args.out_dir, neurons=args.neurons,
-                                 split=args.split, force=args.force, progress=not args.quiet):
+                                 split=args.split, force=args.force, progress=not args.quiet,
+                                 jobs=jobs):
             print(path)
         return 0
     categories: dict[int, Path] = {}
@@ -180,5 +191,6 @@ def run(args: argparse.Namespace) -> int:
         made_inputs_source="generated from MNIST digits (spdnn_mpi.generators.digits)",
         truth_layers=args.truth_layers,
         truth_backend=args.truth_backend,
+        jobs=jobs,
     )
     return 0

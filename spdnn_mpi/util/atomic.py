@@ -154,9 +154,18 @@ def _remove_made(made: list[Path]) -> None:
             return
 
 
+def temporary_prefix(final: str | os.PathLike) -> str:
+    """The name prefix of this process's temporaries of ``final``: ``.NAME.tmp-HOST-PID-``.
+
+    Anything made beside ``final`` under such a name (a scratch folder too) is
+    removed by the next write of ``final`` once this process is dead.
+    """
+    return f".{Path(final).name}.tmp-{_host()}-{os.getpid()}-"
+
+
 def _new_temporary(final: Path, directory: bool) -> tuple[Path, list[Path]]:
     """(a new temporary for ``final``, the folders made for it); stale ones removed first."""
-    prefix = f".{final.name}.tmp-{_host()}-{os.getpid()}-"
+    prefix = temporary_prefix(final)
     made: list[Path] = []
     try:
         made = _make_parents(final.parent)

@@ -49,48 +49,71 @@ class Progress:
     120: 42 s left by the mean, 11 s by the recent rate, 3.4 s in fact).
     """
 
-    def __init__(self, what: str, total: int, emit: Emit | None, *, unit: str = "layer",
+    def __init__(self, what: str, total: int | None, emit: Emit | None, *, unit: str = "layer",
                  every: float = 2.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.what = what
-        self.total = int(total)
+        self.total = None if total is None else int(total)  # None: not known
         self.emit = emit
         self.unit = unit
         self.every = every
         self.clock = clock
         self.start = clock()
         self._next = self.start + every
-        self._last: tuple[int, float] | None = None  # (done, elapsed) at the previous line
+        self._last: tuple[float, float] | None = None  # (share done, elapsed) at the last line
 
     @property
     def enabled(self) -> bool:
         return self.emit is not None
 
-    def __call__(self, done: int, detail: str = "", elapsed: float | None = None) -> None:
-        """Report ``done`` of ``total`` steps; prints when due, and always at the end."""
+    def __call__(self, done: int, detail: str = "", elapsed: float | None = None, *,
+                 fraction: float | None = None) -> None:
+        """Report ``done`` of ``total`` steps; prints when due, and always at the end.
+
+        ``fraction`` (0..1), when given, is how much of the work is done, for
+        phases whose steps say less (layers of an archive that come in any
+        order: the share of the archive read); the time left follows it.
+        """
         if self.emit is None:
             return
         now = self.clock()
-        if done < self.total and now < self._next:
+        if not self._finished(done, fraction) and now < self._next:
             return
         self._next = now + self.every
         elapsed = now - self.start if elapsed is None else elapsed
-        self.emit(self.line(done, elapsed, detail, self._last))
-        self._last = (done, elapsed)
+        share = self._share(done, fraction)
+        self.emit(self.line(done, elapsed, detail, self._last, fraction=share))
+        self._last = (share, elapsed)
+
+    def _finished(self, done: int, fraction: float | None) -> bool:
+        if self.total is None:
+            return (fraction or 0.0) >= 1.0
+        return done >= self.total
+
+    def _share(self, done: int, fraction: float | None) -> float:
+        """The share of the work done: ``fraction`` if given, else steps done of the total."""
+        if fraction is not None:
+            return min(max(fraction, 0.0), 1.0)
+        if self.total is None:
+            return 0.0
+        return done / self.total if self.total else 1.0
 
     def line(self, done: int, elapsed: float, detail: str = "",
-             previous: tuple[int, float] | None = None) -> str:
-        """The text of one progress line (no prefix); ``previous``: (done, elapsed)
-        at the line before, for the recent rate behind the time left."""
+             previous: tuple[float, float] | None = None, *,
+             fraction: float | None = None) -> str:
+        """The text of one progress line (no prefix); ``previous``: (share done,
+        elapsed) at the line before, for the recent rate behind the time left;
+        ``fraction``: the share done now (default: ``done`` of the total)."""
         head = f"{self.what}: " if self.what else ""
-        parts = [f"{head}{self.unit} {done}/{self.total}"]
+        of = "" if self.total is None else f"/{self.total}"
+        parts = [f"{head}{self.unit} {done}{of}"]
         if detail:
             parts.append(detail)
         if elapsed > 0 and done > 0:
             parts.append(f"{done / elapsed:.1f} {self.unit}s/s")
         parts.append(format_seconds(elapsed))
-        if (previous is not None and previous[0] < done < self.total
-                and elapsed > previous[1]):
-            left = (elapsed - previous[1]) * (self.total - done) / (done - previous[0])
+        share = self._share(done, fraction)
+        if previous is not None and previous[0] < share < 1.0 and elapsed > previous[1]:
+            left = (elapsed - previous[1]) * (1.0 - share) / (share - previous[0])
             parts.append(f"about {format_seconds(left)} left")
         return ", ".join(parts)
 

@@ -14,29 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from spdnn_mpi.backends.base import Backend, BatchResult
+from spdnn_mpi.backends.cpu.share import shared_inputs_all
 from spdnn_mpi.compression import RowGroups, fall_rule
 from spdnn_mpi.model import Layer, SparseRows
 from spdnn_mpi.util.memory import available_bytes
-
-
-def shared_inputs(layer: Layer) -> tuple | None:
-    """(rep_ptr, rep_indices, members, member_ptr) of a uniform fixed-degree layer
-    whose outputs share their input lists (each list read by two outputs or more on
-    average), else None: the distinct lists in CSR order and, for each, the outputs
-    that read it (see ``kernels``: one sum per list, the same bits)."""
-    d = layer.row_degree
-    if layer.values is None and d and layer.n_out >= 2:
-        rows = np.ascontiguousarray(np.asarray(layer.indices).reshape(layer.n_out, d))
-        keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * d))).ravel()
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        if 2 * len(first) <= layer.n_out:
-            inverse = inverse.ravel()
-            members = np.argsort(inverse, kind="stable").astype(np.int64)
-            member_ptr = np.zeros(len(first) + 1, dtype=np.int64)
-            member_ptr[1:] = np.cumsum(np.bincount(inverse, minlength=len(first)))
-            rep_ptr = np.arange(0, d * len(first) + 1, d, dtype=np.int64)
-            return rep_ptr, np.ascontiguousarray(rows[first].ravel()), members, member_ptr
-    return None
 
 
 class CpuBackend(Backend):
@@ -61,10 +42,12 @@ class CpuBackend(Backend):
 
     # -- network -----------------------------------------------------------
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
-        """Keep references to the layers in the kernels' dtypes (instant: no progress)."""
+        """Keep references to the layers in the kernels' dtypes, and find the outputs
+        that share input lists (``share``: all layers at once, over the threads)."""
         self._layers = []
         width = 0
-        for lay in layers:
+        shares = shared_inputs_all(layers, self.threads)
+        for lay, share in zip(layers, shares):
             uniform = lay.values is None
             self._layers.append((
                 np.ascontiguousarray(lay.indptr, dtype=np.int64),
@@ -76,7 +59,7 @@ class CpuBackend(Backend):
                 np.float32(lay.floor),
                 np.float32(np.inf if lay.clip is None else lay.clip),
                 lay.n_out,
-                shared_inputs(lay),
+                share,
             ))
             width = max(width, lay.n_in, lay.n_out)
         self.width = width

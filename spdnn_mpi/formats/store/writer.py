@@ -19,6 +19,7 @@ from spdnn_mpi.formats.store.layers import PackedWriter
 from spdnn_mpi.formats.store.schema import FORMAT_NAME, SCHEMA_VERSION, layer_key
 from spdnn_mpi.model import READOUTS, Layer, SparseRows, index_dtype
 from spdnn_mpi.util.atomic import atomic_path, write_error
+from spdnn_mpi.util.signals import held_signals
 
 
 class _GuardedFile:
@@ -121,6 +122,7 @@ class StoreWriter:
     """Builds a store under a temporary name, one layer at a time; ``close()`` renames it
     into place. As a context manager, an exception removes the temporary."""
 
+    @held_signals
     def __init__(self, path: str | os.PathLike, provenance: dict | None = None,
                  readout: str = "alive"):
         if readout not in READOUTS:
@@ -151,10 +153,12 @@ class StoreWriter:
         self._closed = False
 
     # -- content -----------------------------------------------------------
+    @held_signals
     def set_provenance(self, provenance: dict) -> None:
         self._file.attrs["provenance"] = json.dumps(provenance, sort_keys=True)
         self._check_written()
 
+    @held_signals
     def add_layer(self, layer: Layer) -> None:
         """Append the next layer (its n_in must equal the previous n_out), checked by the
         reader's rules on exactly what is stored (float32 casts done)."""
@@ -175,6 +179,7 @@ class StoreWriter:
         self._net.attrs["n_layers"] = self._n_layers
         self._check_written()
 
+    @held_signals
     def write_inputs(self, rows: SparseRows) -> None:
         """Store the input feature rows (values omitted when binary), checked by the
         reader's rules first."""
@@ -224,12 +229,14 @@ class StoreWriter:
                                whose)
         return data.astype(np.int64)
 
+    @held_signals
     def write_labels(self, labels: np.ndarray) -> None:
         """Store the true class (0-based) of every input image (after the last layer)."""
         self._file.create_dataset("labels", data=self._per_image("labels", labels, "labels",
                                                                  self._n_layers))
         self._check_written()
 
+    @held_signals
     def add_predictions(self, n_layers: int, classes: np.ndarray, computed_by: str) -> None:
         """Store the predicted class of every image after ``n_layers`` layers (argmax readout)."""
         key = f"l{n_layers}"
@@ -239,6 +246,7 @@ class StoreWriter:
         d.attrs["computed_by"] = computed_by
         self._check_written()
 
+    @held_signals
     def add_truth(self, n_layers: int, categories: np.ndarray, computed_by: str) -> None:
         """Store the sorted 1-based ids of the images alive after ``n_layers`` layers."""
         ids = np.asarray(categories, dtype=np.int64)
@@ -259,6 +267,7 @@ class StoreWriter:
             self.abort()
             raise write_error(self.path, exc)
 
+    @held_signals
     def close(self) -> None:
         """Finish the file and rename it to its final name."""
         if self._n_layers == 0:
@@ -275,6 +284,7 @@ class StoreWriter:
         self._closed = True
         self._ctx.__exit__(None, None, None)
 
+    @held_signals
     def abort(self) -> None:
         """Drop the temporary file; the final name is left untouched (safe to call twice)."""
         if self._closed:
@@ -294,6 +304,7 @@ class StoreWriter:
     def __enter__(self) -> StoreWriter:
         return self
 
+    @held_signals
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()

@@ -19,12 +19,9 @@ the official files), so generated data can be fed to other challenge codes.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import zlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +47,13 @@ from spdnn_mpi.formats.tsv.kernels import (
     scatter,
     sort_rows,
 )
+from spdnn_mpi.formats.tsv.text import (
+    Source,
+    check_rest_of_gzip,
+    iter_text_blocks,
+    open_text,
+    source_name,
+)
 from spdnn_mpi.model import Layer, SparseRows, index_dtype
 
 #: Bytes of (decompressed) text parsed per block; bounds the parser's memory.
@@ -64,70 +68,6 @@ CATEGORIES_RE = re.compile(r"^neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
 # ---------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
-def _open_checked(path: Path):
-    if not path.exists():
-        raise InputFormatError(path, None, "no such file")
-    if path.is_dir():
-        raise InputFormatError(path, None, "is a directory, expected a file")
-    try:
-        return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")
-    except OSError as exc:
-        raise InputFormatError(path, None, f"cannot open: {exc.strerror or exc}") from None
-
-
-_GZIP_ERRORS = (EOFError, OSError, zlib.error)
-
-
-def _gzip_error(path: Path, line: int, exc: BaseException, detail: str = "") -> InputFormatError:
-    what = "truncated" if isinstance(exc, EOFError) else "corrupt"
-    return InputFormatError(
-        path, line, f"{what} gzip data ({exc}){detail}; re-download or re-compress the file"
-    )
-
-
-def _iter_text_blocks(
-    f, path: Path, block_bytes: int, lines_done: list[int]
-) -> Iterator[np.ndarray]:
-    """Blocks of bytes from open file ``f`` ending at a line break (except the last).
-
-    ``lines_done[0]`` (kept up to date by the caller) places a decompression
-    error on a line.
-    """
-    gz = isinstance(f, gzip.GzipFile)
-    rest = b""
-    while True:
-        try:
-            data = f.read(block_bytes)
-        except _GZIP_ERRORS as exc:
-            if gz:
-                raise _gzip_error(path, lines_done[0] + 1 + rest.count(b"\n"), exc) from None
-            raise InputFormatError(path, None, f"read error: {exc}") from None
-        if not data:
-            break
-        if rest:
-            data = rest + data
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            rest = data
-            continue
-        yield np.frombuffer(data, dtype=np.uint8, count=cut + 1)
-        rest = data[cut + 1 :]
-    if rest.strip(b" \t\r"):
-        # A complete file ends with a line break; without one the last value may have
-        # been cut (6.25e-02 -> 6.25 parses fine), so it is refused, never guessed.
-        text = rest[:60].decode("utf-8", errors="replace")
-        raise InputFormatError(
-            path, lines_done[0] + 1,
-            f"the last line has no line break, so the file may be cut short: {text!r} "
-            "(if the file is complete, add a final newline)",
-        )
-
-
 def _describe_error(path, err, names, max_a, max_b, buf) -> InputFormatError:
     code, line, fld, value, s, e = (int(x) for x in err)
     text = bytes(buf[s:e]).decode("utf-8", errors="replace")
@@ -155,7 +95,7 @@ def _describe_error(path, err, names, max_a, max_b, buf) -> InputFormatError:
 
 
 def _parse_file(
-    path: str | os.PathLike,
+    source: Source,
     ncols: int,
     max_a: int,
     max_b: int,
@@ -167,12 +107,12 @@ def _parse_file(
     Raises InputFormatError at the first bad line. Entry ``k`` of the file
     (counting over blocks) is on line ``k + 1``: blank lines may only trail.
     """
-    path = Path(path)
+    path = source_name(source)
     lines_done = [0]
     blank = 0
     err = np.zeros(6, dtype=np.int64)
-    with _open_checked(path) as f:
-        for buf in _iter_text_blocks(f, path, block_bytes, lines_done):
+    with open_text(source) as f:
+        for buf in iter_text_blocks(f, path, block_bytes, lines_done):
             # every stored line has at least 2 * ncols bytes, the last one 2 * ncols - 1
             cap = buf.shape[0] // (2 * ncols) + 1
             out_a = np.empty(cap, dtype=np.int32)
@@ -183,25 +123,9 @@ def _parse_file(
             )
             if err[0]:
                 problem = _describe_error(path, err, names, max_a, max_b, buf)
-                _check_rest_of_gzip(f, path, problem, block_bytes)
+                check_rest_of_gzip(f, path, problem, block_bytes)
                 raise problem
             yield out_a[:count], out_b[:count], out_v[:count]
-
-
-def _check_rest_of_gzip(f, path: Path, problem: InputFormatError, block_bytes: int) -> None:
-    """A bad line in a gzip file may be garbage from corrupt data: say so if it is.
-
-    Corruption often decodes to plausible bytes until the CRC check at the
-    end, so the rest of the stream is decompressed (and dropped) to find out.
-    """
-    if not isinstance(f, gzip.GzipFile):
-        return
-    try:
-        while f.read(block_bytes):
-            pass
-    except _GZIP_ERRORS as exc:
-        detail = f"; the first bad line is {problem.line}: {problem.message}"
-        raise _gzip_error(path, problem.line, exc, detail) from None
 
 
 def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
@@ -228,7 +152,7 @@ _CATEGORY_FIELDS = ("image id",)
 
 
 def read_layer(
-    path: str | os.PathLike,
+    path: Source,
     n_in: int,
     n_out: int,
     *,
@@ -240,11 +164,13 @@ def read_layer(
 
     Ids are checked against ``1..n_in`` (i) and ``1..n_out`` (j); duplicates,
     malformed lines and bad gzip data raise InputFormatError with the line.
-    A layer whose values are all equal is kept as ``uniform_value``.
+    A layer whose values are all equal is kept as ``uniform_value``. ``path``
+    may also be a :class:`~spdnn_mpi.formats.tsv.text.MemberText` (bytes read
+    from an archive), named in errors as ``archive[member]``.
     """
-    path = Path(path)
+    source, path = path, source_name(path)
     parts_i, parts_j, parts_v = [], [], []
-    for a, b, v in _parse_file(path, 3, n_in, n_out, _LAYER_FIELDS, block_bytes):
+    for a, b, v in _parse_file(source, 3, n_in, n_out, _LAYER_FIELDS, block_bytes):
         parts_i.append(a)
         parts_j.append(b)
         parts_v.append(v)
@@ -282,7 +208,7 @@ def read_images(
     same pass and placed in a second one, so no per-line image id array is
     ever held. A file with no entries (empty, or blank lines) is refused.
     """
-    path = Path(path)
+    path = source_name(path)
     bound = MAX_ID if n_rows is None else n_rows
     idx_dtype = index_dtype(n_cols)
 
@@ -396,7 +322,7 @@ def read_categories(path: str | os.PathLike, n_images: int | None = None) -> np.
     The file may be in any order but must not repeat an id; ids beyond
     ``n_images`` (when given) are errors. An empty file means no survivors.
     """
-    path = Path(path)
+    path = source_name(path)
     bound = MAX_ID if n_images is None else n_images
     parts = [a for a, _, _ in _parse_file(path, 1, bound, 0, _CATEGORY_FIELDS)]
     ids = _concat(parts, np.int64) + 1

@@ -50,23 +50,24 @@ def prepare_store(
     made_inputs_source: str = "generated",
     truth_layers: list[int] | None = None,
     truth_backend: str = "reference",
+    jobs: int = 1,
 ) -> Path:
-    """Convert an official tree (one N) into a store at ``out``; returns its path.
+    """Convert one network (a ``neuron{N}`` folder or its archive) into a store at ``out``.
 
+    ``weights`` is the folder of ``n{N}-l{k}.tsv[.gz]`` files or the official
+    archive ``neuron{N}.tar.gz``, streamed member by member, never unpacked.
     ``make_inputs(N)`` makes the input rows where there is no images file
     (``--generate-inputs``); ``made_inputs_source`` says in the store's
-    provenance what made them.
+    provenance what made them. ``jobs`` worker processes parse the layer
+    files while this process writes them, in order (1: all here).
 
     Everything cheap is checked before the long part starts (every layer file
-    exists, truth files parse); layers are then read and written one at a
-    time, so memory stays at one layer plus the inputs. Errors raise
+    of a folder exists, truth files parse); memory stays at about 2 x jobs
+    layers plus the inputs. Returns the store's path. Errors raise
     SpdnnError/InputFormatError and leave no file under ``out``.
     """
-    from spdnn_mpi import __version__
-    from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.store.reader import StoreWriter
-    from spdnn_mpi.formats.tsv import read as tsv
-    from spdnn_mpi.formats.tsv import tree as tsv_tree
+    from spdnn_mpi.formats.store.writer import StoreWriter
+    from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers
     from spdnn_mpi.model import challenge_bias
     from spdnn_mpi.util.outputs import check_outputs
     from spdnn_mpi.util.progress import Progress, stderr_lines
@@ -74,33 +75,91 @@ def prepare_store(
     weights = Path(weights)
     out = Path(out)
     _check_numbers(bias, clip, n_images)
+    if jobs < 1:
+        from spdnn_mpi.errors import SpdnnError
+
+        raise SpdnnError(f"--jobs {jobs}: must be at least 1")
     check_outputs({"--out": out}, force=force, regular=True)
-    if not weights.is_dir():
-        raise SpdnnError(f"{weights}: no such weights folder")
-    if neurons is None:
-        neurons = tsv_tree.infer_neurons(weights)
-    if n_layers is None:
-        # all layers: a file missing in the middle is an error, not the end of the network
-        n_layers = tsv_tree.count_layers(weights, neurons)
-        if n_layers == 0:
-            tsv_tree.layer_path(weights, neurons, 1)  # raises: names the missing first file
-    if n_layers < 1:
-        raise SpdnnError(f"--layers must be at least 1, got {n_layers}")
-    layer_files = [tsv_tree.layer_path(weights, neurons, k) for k in range(1, n_layers + 1)]
+    source = open_layers(weights, neurons, n_layers)
+    neurons, n_layers = source.neurons, source.n_layers  # n_layers None: all in an archive
     bias = challenge_bias(neurons) if bias is None else float(bias)
     categories = dict(categories or {})
-    sources = {f"the layer file {p.name}": p for p in layer_files}
+    sources = source.sources(out)
     sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
     sources["the --inputs file"] = inputs
     check_outputs({"--out": out}, sources, force=force, regular=True)
-    for n_l in categories:
-        if not 1 <= n_l <= n_layers:
-            raise SpdnnError(
-                f"truth {categories[n_l]} is for {n_l} layers but the store gets {n_layers}; "
-                f"use --layers {n_l} (or more) or leave that file out"
-            )
+    truth_layers = sorted(set(truth_layers or []))
+    _check_truth_options(categories, truth_layers, inputs, make_inputs is not None,
+                         truth_backend)
+    if n_layers is not None:
+        _check_layer_counts(n_layers, categories, truth_layers)
 
-    generate_inputs = make_inputs is not None
+    t0 = time.perf_counter()
+    truth, rows = _read_inputs(inputs, n_images, categories, neurons, progress, t0)
+    if make_inputs is not None:
+        rows = make_inputs(neurons)
+        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
+    if truth_layers:  # before the layers are read, not after
+        from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
+
+        name, fn = resolve_truth_backend(truth_backend)
+        check_truth_memory(name, fn, rows.n_rows, neurons,
+                           extra=max(truth_layers) * kept_layer_bytes(neurons))
+    provenance = _provenance(weights, source, neurons, bias, clip, inputs, categories,
+                             made_inputs_source if make_inputs is not None else None,
+                             rows.n_rows if rows is not None else n_images)
+    count = n_layers if n_layers is not None else "all"
+    jobs = source.useful_jobs(jobs)
+    how = "parse threads" if getattr(source, "in_memory", False) else "worker processes"
+    _log(progress, f"{count} layers of N={neurons} from {weights} -> {out}"
+                   + (f" ({jobs} {how})" if jobs > 1 else ""))
+    kept = []
+    # the workers start (fork) before the store is opened, and stop after it is closed
+    with LayerReader(source, bias=bias, clip=clip, jobs=jobs, near=out) as reader, \
+            StoreWriter(out, provenance) as writer:
+        if rows is not None:
+            writer.write_inputs(rows)
+            if not truth_layers:
+                rows = None  # free before the layers
+        for n_l, ids in sorted(truth.items()):
+            writer.add_truth(n_l, ids,
+                             f"categories file given to prepare: {Path(categories[n_l]).name}")
+        bar = Progress("", n_layers, stderr_lines("spdnn prepare") if progress else None,
+                       every=1.0)
+        edges = k = 0
+        for k, layer in enumerate(reader, start=1):
+            writer.add_layer(layer)
+            edges += layer.nnz
+            rate = f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s"
+            read = source.fraction()  # an archive: the share read (layers come in any order)
+            if read is None:
+                bar(k, rate)
+            else:  # the time left follows the archive read, until the last layer is written
+                done = min(max(read, k / n_layers if n_layers else 0.0), 0.99)
+                bar(k, f"{read:.0%} of the archive read, {rate}", fraction=done)
+            if truth_layers:
+                kept.append(layer)
+        if n_layers is None:  # an archive read to its end
+            n_layers = bar.total = k
+            _check_layer_counts(n_layers, categories, truth_layers)
+            bar(k, f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s")
+        provenance["layers"] = n_layers
+        provenance["source"]["layer_files"] = source.describe()
+        writer.set_provenance(provenance)
+        if truth_layers:
+            _add_computed_truth(writer, kept, rows, truth_layers, truth_backend, progress)
+    _log(
+        progress,
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
+    )
+    return out
+
+
+def _check_truth_options(categories: dict, truth_layers: list[int], inputs,
+                         generate_inputs: bool, truth_backend: str) -> None:
+    """Refuse truth options that contradict each other (before anything long is read)."""
+    from spdnn_mpi.errors import SpdnnError
+
     if generate_inputs and inputs is not None:
         raise SpdnnError("give either --inputs FILE or --generate-inputs, not both")
     if generate_inputs and categories:
@@ -110,10 +169,6 @@ def prepare_store(
             "--generate-inputs makes different images, so that truth would not match; "
             "compute truth for the generated inputs with --truth-layers L instead"
         )
-    truth_layers = sorted(set(truth_layers or []))
-    bad = [t for t in truth_layers if not 1 <= t <= n_layers]
-    if bad:
-        raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
     if truth_layers and inputs is None and not generate_inputs:
         raise SpdnnError("--truth-layers needs inputs: --inputs FILE or --generate-inputs")
     both = sorted(set(truth_layers) & set(categories))
@@ -124,81 +179,65 @@ def prepare_store(
         raise SpdnnError("--truth-backend none computes no truth; drop --truth-layers or "
                          "choose reference or cpu")
 
-    t0 = time.perf_counter()
-    truth = {}
-    for n_l, path in sorted(categories.items()):
-        truth[n_l] = tsv.read_categories(path, n_images)
-    rows = None
-    if inputs is not None:
-        _log(progress, f"reading inputs {inputs}")
-        rows = tsv.read_images(inputs, neurons, n_images)
-        for n_l, ids in truth.items():
-            if len(ids) and ids[-1] > rows.n_rows:
-                raise SpdnnError(
-                    f"{categories[n_l]}: image id {int(ids[-1])} beyond the {rows.n_rows} "
-                    "images of the inputs (pass --images)"
-                )
-        _log(
-            progress,
-            f"inputs: {rows.n_rows} images, {rows.nnz} nonzeros ({time.perf_counter() - t0:.1f} s)",
-        )
 
-    if generate_inputs:
-        rows = make_inputs(neurons)
-        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
-    if truth_layers:  # before the layers are read, not after
-        from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
+def _check_layer_counts(n_layers: int, categories: dict, truth_layers: list[int]) -> None:
+    """Truth files and --truth-layers for layer counts the store gets (an archive: once read)."""
+    from spdnn_mpi.errors import SpdnnError
 
-        name, fn = resolve_truth_backend(truth_backend)
-        check_truth_memory(name, fn, rows.n_rows, neurons,
-                           extra=max(truth_layers) * kept_layer_bytes(neurons))
-    provenance = {
+    for n_l in categories:
+        if not 1 <= n_l <= n_layers:
+            raise SpdnnError(
+                f"truth {categories[n_l]} is for {n_l} layers but the store gets {n_layers}; "
+                f"use --layers {n_l} (or more) or leave that file out"
+            )
+    bad = [t for t in truth_layers if not 1 <= t <= n_layers]
+    if bad:
+        raise SpdnnError(f"--truth-layers {bad} outside 1..{n_layers}")
+
+
+def _read_inputs(inputs, n_images, categories: dict, neurons: int, progress: bool,
+                 t0: float) -> tuple[dict, SparseRows | None]:
+    """(truth ids by layer count from the categories files, the --inputs rows or None)."""
+    from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats.tsv import read as tsv
+
+    truth = {n_l: tsv.read_categories(path, n_images) for n_l, path in sorted(categories.items())}
+    if inputs is None:
+        return truth, None
+    _log(progress, f"reading inputs {inputs}")
+    rows = tsv.read_images(inputs, neurons, n_images)
+    for n_l, ids in truth.items():
+        if len(ids) and ids[-1] > rows.n_rows:
+            raise SpdnnError(f"{categories[n_l]}: image id {int(ids[-1])} beyond the "
+                             f"{rows.n_rows} images of the inputs (pass --images)")
+    _log(progress, f"inputs: {rows.n_rows} images, {rows.nnz} nonzeros "
+                   f"({time.perf_counter() - t0:.1f} s)")
+    return truth, rows
+
+
+def _provenance(weights: Path, source, neurons: int, bias: float, clip: float | None, inputs,
+                categories: dict, made_inputs: str | None, images: int | None) -> dict:
+    """The store's record of where it came from (layer count and files filled in at the end)."""
+    from spdnn_mpi import __version__
+
+    folder = hasattr(source, "files")
+    return {
         "tool": "spdnn prepare",
         "spdnn_mpi_version": __version__,
         "prepared": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "source": {
             "format": "graphchallenge-tsv",
-            "weights_dir": str(weights.resolve()),
-            "layer_files": f"{layer_files[0].name} .. {layer_files[-1].name}",
-            "inputs": str(Path(inputs).resolve()) if inputs is not None else (
-                made_inputs_source if generate_inputs else None
-            ),
+            ("weights_dir" if folder else "weights_archive"): str(weights.resolve()),
+            "layer_files": source.describe() if folder else None,
+            "inputs": str(Path(inputs).resolve()) if inputs is not None else made_inputs,
             "categories": {str(k): str(Path(v).resolve()) for k, v in sorted(categories.items())},
         },
         "neurons": neurons,
-        "layers": n_layers,
+        "layers": source.n_layers,
         "bias": bias,
         "clip": clip,
-        "images": rows.n_rows if rows is not None else n_images,
+        "images": images,
     }
-    _log(progress, f"{n_layers} layers of N={neurons} from {weights} -> {out}")
-    kept = []
-    with StoreWriter(out, provenance) as writer:
-        if rows is not None:
-            writer.write_inputs(rows)
-            if not truth_layers:
-                rows = None  # free before the layers
-        for n_l, ids in sorted(truth.items()):
-            writer.add_truth(n_l, ids,
-                             f"categories file given to prepare: {Path(categories[n_l]).name}")
-        bar = Progress("", n_layers, stderr_lines("spdnn prepare") if progress else None,
-                       every=1.0)
-        edges = 0
-        for k, layer in enumerate(
-            tsv_tree.iter_layers(weights, neurons, n_layers, bias=bias, clip=clip), start=1
-        ):
-            writer.add_layer(layer)
-            edges += layer.nnz
-            bar(k, f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s")
-            if truth_layers:
-                kept.append(layer)
-        if truth_layers:
-            _add_computed_truth(writer, kept, rows, truth_layers, truth_backend, progress)
-    _log(
-        progress,
-        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
-    )
-    return out
 
 
 def _check_numbers(bias: float | None, clip: float | None, n_images: int | None) -> None:
@@ -242,6 +281,7 @@ def convert_tree(
     split: bool = False,
     force: bool = False,
     progress: bool = True,
+    jobs: int = 1,
 ) -> list[Path]:
     """Convert every network of an official tree into stores; returns their paths.
 
@@ -266,7 +306,7 @@ def convert_tree(
         wanted = f" for --neurons {' '.join(map(str, neurons))}" if neurons else ""
         raise SpdnnError(f"--tree {root}: no neuron{{N}} folder with layer files{wanted}")
     out_dir = check_output(out_dir, "--out-dir", directory=True)
-    jobs = []
+    stores = []
     for net in nets:
         fits = {n_l: p for n_l, p in net.categories.items() if n_l <= net.n_layers}
         for n_l, p in net.categories.items():
@@ -278,12 +318,12 @@ def convert_tree(
             check_output(out, "--out-dir", force=force,
                          inputs={"the images file": net.images,
                                  **{f"the truth file {p.name}": p for p in truth.values()}})
-            jobs.append((net, n_l, truth, out))
+            stores.append((net, n_l, truth, out))
     written = []
-    for i, (net, n_l, truth, out) in enumerate(jobs, start=1):
-        _log(progress, f"store {i}/{len(jobs)}: N={net.neurons}, {n_l} layers, "
+    for i, (net, n_l, truth, out) in enumerate(stores, start=1):
+        _log(progress, f"store {i}/{len(stores)}: N={net.neurons}, {n_l} layers, "
                        f"{len(truth)} truth file(s) -> {out}")
         written.append(prepare_store(net.weights_dir, out, neurons=net.neurons, n_layers=n_l,
                                      inputs=net.images, categories=truth, force=force,
-                                     progress=progress))
+                                     progress=progress, jobs=jobs))
     return written

@@ -17,6 +17,7 @@ import numpy as np
 
 from spdnn_mpi.errors import InputFormatError
 from spdnn_mpi.formats.tsv.read import CATEGORIES_RE, IMAGES_RE, LAYER_RE, read_layer
+from spdnn_mpi.formats.tsv.text import Source, source_name
 from spdnn_mpi.model import Layer
 
 
@@ -92,6 +93,35 @@ def infer_neurons(directory: str | os.PathLike) -> int:
     )
 
 
+def read_checked_layer(
+    path: Source,
+    neurons: int,
+    *,
+    bias: float | np.ndarray = 0.0,
+    clip: float | None = None,
+    check_full: bool = True,
+) -> Layer:
+    """Read one layer file of a ``neuron{N}`` network (a path or an archive member).
+
+    With ``check_full`` (challenge networks) the layer must use input and
+    output neuron N somewhere, so a layer of a smaller network copied into
+    the folder is caught even though all its ids are in range.
+    """
+    layer = read_layer(path, neurons, neurons, bias=bias, clip=clip)
+    if check_full:
+        top_in = int(layer.indices.max()) + 1 if layer.nnz else 0
+        nonempty = np.flatnonzero(np.diff(layer.indptr))
+        top_out = int(nonempty[-1]) + 1 if len(nonempty) else 0
+        if top_in != neurons or top_out != neurons:
+            raise InputFormatError(
+                source_name(path),
+                None,
+                f"layer uses neurons up to i={top_in}, j={top_out} but the network "
+                f"has N={neurons}: it belongs to a different network",
+            )
+    return layer
+
+
 def iter_layers(
     directory: str | os.PathLike,
     neurons: int,
@@ -101,27 +131,11 @@ def iter_layers(
     clip: float | None = None,
     check_full: bool = True,
 ) -> Iterator[Layer]:
-    """Read layers ``1..n_layers`` of a ``neuron{N}`` folder one at a time.
-
-    With ``check_full`` (challenge networks) every layer must use input and
-    output neuron N somewhere, so a layer of a smaller network copied into
-    the folder is caught even though all its ids are in range.
-    """
+    """Read layers ``1..n_layers`` of a ``neuron{N}`` folder one at a time, in this
+    process (see :func:`read_checked_layer`; ``formats.tsv.layers`` reads in parallel)."""
     for k in range(1, n_layers + 1):
-        path = layer_path(directory, neurons, k)
-        layer = read_layer(path, neurons, neurons, bias=bias, clip=clip)
-        if check_full:
-            top_in = int(layer.indices.max()) + 1 if layer.nnz else 0
-            nonempty = np.flatnonzero(np.diff(layer.indptr))
-            top_out = int(nonempty[-1]) + 1 if len(nonempty) else 0
-            if top_in != neurons or top_out != neurons:
-                raise InputFormatError(
-                    path,
-                    None,
-                    f"layer uses neurons up to i={top_in}, j={top_out} but the network "
-                    f"has N={neurons}: it belongs to a different network",
-                )
-        yield layer
+        yield read_checked_layer(layer_path(directory, neurons, k), neurons, bias=bias,
+                                 clip=clip, check_full=check_full)
 
 
 @dataclass
