@@ -108,7 +108,7 @@ class _Stdout:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spdnn_mpi.comm import agree_on_command
+    from spdnn_mpi.comm import abort_others, agree_on_command, launched_rank
 
     args = build_parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -133,12 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(exc, "print_here", True):  # a RankFailure prints on its rank only
             print(f"spdnn {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    except Terminated:
-        print(f"spdnn {args.command}: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print(f"spdnn {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        status = 128 + signal.SIGTERM if isinstance(exc, Terminated) else 130
+        # under a launcher: which rank, and the others end with it
+        print(f"spdnn {args.command}: {launched_rank()}{stopped}", file=sys.stderr)
+        abort_others(status)
+        return status
     finally:
         sys.stdout = stdout._stream
         if previous is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,34 @@ LAUNCHER_VARIABLES = (
     ("PMIX_RANK", False),  # PMIx launchers (prterun, srun --mpi=pmix)
     ("MPI_LOCALNRANKS", False),  # MPICH hydra (a count per node, not of all processes)
 )
+
+#: Variables a launcher sets to each process's rank (in the order of LAUNCHER_VARIABLES).
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")
+
+
+def launched_rank(environ: dict | None = None) -> str:
+    """``rank R of P: `` for a process a launcher started as one of several (read from
+    the launcher's variables, so it is safe where MPI cannot be called: a signal
+    handler, a failed start), else ``""``."""
+    environ = os.environ if environ is None else environ
+    launched = launched_processes(environ)
+    if launched is None or launched[1] == 1:
+        return ""
+    rank = next((environ[name] for name in RANK_VARIABLES if name in environ), "?")
+    return f"rank {rank} of {launched[1] if launched[1] is not None else '?'}: "
+
+
+def abort_others(status: int) -> None:
+    """End every rank of this launch now (``MPI_Abort``), where MPI is running with several
+    ranks: a rank stopped by a signal would otherwise wait in ``MPI_Finalize`` for ranks
+    that go on working, and they would never learn it stopped."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    if mpi.COMM_WORLD.Get_size() > 1:
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(status)
+
 
 INSTALL_HINT = (
     "install one: `pip install 'spdnn_mpi[mpich]'` (a pip-installed MPICH), or on a cluster "

@@ -207,3 +207,46 @@ def test_ranks_running_different_subcommands_stop(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, proc.stderr
     assert "rank 0 runs `spdnn infer`, rank 1 runs `spdnn info`" in errors[0]
+
+
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the process of ``rank`` whose command line holds ``marker``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if marker.encode() not in fh.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        for name in (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK"):
+            if env.get(name) == str(rank).encode():
+                return int(entry)
+    return None
+
+
+def test_a_rank_stopped_by_sigterm_says_which_rank(tmp_path):
+    """Every rank ended at once when one was stopped, but nothing said which or how."""
+    import signal
+
+    mpiexec = _mpiexec()
+    out = tmp_path / "deep.h5"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([mpiexec, "-n", "2", sys.executable, "-m", "spdnn_mpi", "generate",
+                             "--neurons", "64", "--layers", "400000", "--images", "100",
+                             "--truth-backend", "none", "--quiet", "--out", str(out)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    pid = None
+    while pid is None and time.monotonic() < deadline and proc.poll() is None:
+        pid = _rank_pid(str(out), 1)
+        time.sleep(0.2)
+    assert pid is not None, "rank 1 not found"
+    time.sleep(1.0)  # past start-up, inside the layers
+    os.kill(pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "spdnn generate: rank 1 of 2: terminated" in err, err
