@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import time
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import numpy as np
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store import validate
+from spdnn_mpi.formats.store.answers import StoredAnswers
+from spdnn_mpi.formats.store.inputs import StoredInputs
 from spdnn_mpi.formats.store.layers import GroupLayers, PackedLayers
 from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for users of this module
     FORMAT_NAME,
@@ -25,10 +26,10 @@ from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for use
     layer_key,
 )
 from spdnn_mpi.formats.store.writer import StoreWriter  # noqa: F401 - re-exported
-from spdnn_mpi.model import READOUTS, Layer, Network, SparseRows
+from spdnn_mpi.model import READOUTS, Layer, Network
 
 
-class Store:
+class Store(StoredInputs, StoredAnswers):
     """Read access to a store, checked against the schema on open and as arrays are read
     (no kernel sees an index out of range); ``validate_seconds`` sums the checks' time.
     Inputs are read by row range, so each rank touches only its own rows.
@@ -178,170 +179,6 @@ class Store:
         if not 1 <= n_layers <= self.n_layers:
             raise StoreError(f"{self.path}: {n_layers} layers asked for, store has {self.n_layers}")
         return n_layers
-
-    # -- inputs ------------------------------------------------------------
-    def _inputs_group(self) -> h5py.Group:
-        group = self._file.get("inputs")
-        if not isinstance(group, h5py.Group):
-            raise StoreError(self._no_inputs_message())
-        return group
-
-    def is_imported_model(self) -> bool:
-        """Whether ``spdnn import`` made this store (the argmax readout, or its provenance)."""
-        return self.readout == "argmax" or self.provenance.get("tool") == "spdnn import"
-
-    def _no_inputs_message(self) -> str:
-        """No inputs, and how to make the store again with them."""
-        if self.is_imported_model():
-            source = self.provenance.get("source")
-            model = source.get("model") if isinstance(source, dict) else None
-            return (f"{self.path}: store has no inputs (the model was imported without "
-                    f"--inputs); import it again with them: spdnn import "
-                    f"{shlex.quote(str(model or 'MODEL'))} --out {shlex.quote(str(self.path))} "
-                    "--force --inputs X.npy [--labels y.npy]")
-        return (f"{self.path}: store has no inputs (it was prepared from the weights alone); "
-                "build it again with inputs: spdnn prepare --weights DIR "
-                "--inputs sparse-images-N.tsv (the official images) or --generate-inputs "
-                "(MNIST-derived ones), or use spdnn generate")
-
-    @property
-    def has_inputs(self) -> bool:
-        return "inputs" in self._file
-
-    def _input_shape(self) -> tuple[int, int, int]:
-        """(n_rows, n_cols, nnz) of the inputs, checked against the datasets (once)."""
-        if self._inputs_meta is not None:
-            return self._inputs_meta
-        g = self._inputs_group()
-        t0 = time.perf_counter()
-        first_n_in = validate.integer_attr(f"{self.path}: network/{layer_key(0)}",
-                                           self._attrs(0), "n_in", 1)
-        n_rows, n_cols, nnz = validate.check_inputs_group(f"{self.path}: inputs", g, first_n_in)
-        ends = (int(self._read(g, "indptr", 0)), int(self._read(g, "indptr", n_rows)))
-        if ends != (0, nnz):
-            raise StoreError(f"{self.path}: inputs/indptr: runs from {ends[0]} to {ends[1]}, "
-                             f"expected 0 to {nnz} (the length of inputs/indices)")
-        self._timed(t0)
-        self._inputs_meta = (n_rows, n_cols, nnz)
-        return self._inputs_meta
-
-    @property
-    def n_images(self) -> int:
-        return self._input_shape()[0]
-
-    @property
-    def input_width(self) -> int:
-        return self._input_shape()[1]
-
-    def input_row_nnz(self) -> np.ndarray:
-        """Nonzeros per input row (reads only the row pointer)."""
-        n_rows, _, nnz = self._input_shape()
-        indptr = self._read(self._inputs_group(), "indptr")
-        t0 = time.perf_counter()
-        validate.check_row_pointer(f"{self.path}: inputs", "indptr", indptr, n_rows, nnz)
-        self._timed(t0)
-        return np.diff(indptr)
-
-    def inputs(self, start: int = 0, stop: int | None = None) -> SparseRows:
-        """Input rows ``[start, stop)``, validated; reads only those rows from disk."""
-        n_rows, n_cols, nnz = self._input_shape()
-        g = self._inputs_group()
-        where = f"{self.path}: inputs"
-        stop = n_rows if stop is None else stop
-        if not 0 <= start <= stop <= n_rows:
-            raise StoreError(f"{self.path}: input rows [{start}, {stop}) outside [0, {n_rows})")
-        indptr = self._read(g, "indptr", slice(start, stop + 1))
-        t0 = time.perf_counter()
-        validate.check_row_pointer_slice(where, "indptr", indptr, nnz)
-        self._timed(t0)
-        lo, hi = int(indptr[0]), int(indptr[-1])
-        indices = self._read(g, "indices", slice(lo, hi))
-        values = self._read(g, "values", slice(lo, hi)) if "values" in g else None
-        t0 = time.perf_counter()
-        validate.check_indices(where, "indices", indices, n_cols)
-        if values is not None:
-            validate.check_finite(where, "values", values)
-        self._timed(t0)
-        return SparseRows(n_cols, indptr - lo, indices, values, start)
-
-    # -- truth and predictions: one dataset l<n_layers> a layer count ------------
-    def _stored(self, name: str, n_layers: int) -> tuple[h5py.Group, str] | None:
-        """(group, key) of group ``name``'s set for ``n_layers`` layers, if stored."""
-        group, key = self._file.get(name), f"l{n_layers}"
-        return (group, key) if isinstance(group, h5py.Group) and key in group else None
-
-    def _stored_layers(self, name: str) -> list[int]:
-        """The layer counts group ``name`` has a set for."""
-        group = self._file.get(name)
-        if not isinstance(group, h5py.Group):
-            return []
-        return sorted(
-            validate.integer_attr(f"{self.path}: {d.name[1:]}", d.attrs, "n_layers", 1)
-            for d in group.values()
-        )
-
-    def _source(self, name: str, n_layers: int) -> str | None:
-        """What computed group ``name``'s set for ``n_layers`` layers, if stored."""
-        found = self._stored(name, n_layers)
-        if found is None:
-            return None
-        group, key = found
-        return str(group[key].attrs.get("computed_by", "unknown"))
-
-    def truth_layers(self) -> list[int]:
-        return self._stored_layers("truth")
-
-    def truth(self, n_layers: int) -> np.ndarray | None:
-        """Sorted 1-based surviving image ids after ``n_layers`` layers, if stored (validated)."""
-        found = self._stored("truth", n_layers)
-        if found is None:
-            return None
-        group, key = found
-        ids = self._read(group, key)
-        n_images = self.n_images if self.has_inputs else None
-        t0 = time.perf_counter()
-        validate.check_truth(f"{self.path}: truth/{key}", ids, n_images)
-        self._timed(t0)
-        return ids
-
-    def truth_source(self, n_layers: int) -> str | None:
-        return self._source("truth", n_layers)
-
-    # -- labels and predictions (argmax readout) ----------------------------
-    def _classes(self, group: h5py.Group, key: str, what: str, n_layers: int) -> np.ndarray:
-        """A per-image class vector, validated: integers, one per image, each below the
-        outputs of layer ``n_layers``."""
-        where = f"{self.path}: {group.name[1:] + '/' if group.name != '/' else ''}{key}"
-        if not 1 <= n_layers <= self.n_layers:
-            raise StoreError(f"{where}: for {n_layers} layers, the store has {self.n_layers}")
-        n_classes = validate.integer_attr(f"{self.path}: network/{layer_key(n_layers - 1)}",
-                                          self._attrs(n_layers - 1), "n_out", 1)
-        classes = self._read(group, key)
-        whose = "the network" if n_layers == self.n_layers else f"layer {n_layers}"
-        validate.check_classes(where, what, classes, self.n_images if self.has_inputs else None,
-                               n_classes, whose)
-        return classes.astype(np.int64)
-
-    @property
-    def has_labels(self) -> bool:
-        return isinstance(self._file.get("labels"), h5py.Dataset)
-
-    def labels(self) -> np.ndarray | None:
-        """True 0-based class of every image, if stored."""
-        if not self.has_labels:
-            return None
-        return self._classes(self._file, "labels", "labels", self.n_layers)
-
-    def prediction_layers(self) -> list[int]:
-        return self._stored_layers("predictions")
-
-    def predictions(self, n_layers: int) -> np.ndarray | None:
-        """Stored predicted class of every image after ``n_layers`` layers, if any."""
-        found = self._stored("predictions", n_layers)
-        return None if found is None else self._classes(*found, "predictions", n_layers)
-
-    def predictions_source(self, n_layers: int) -> str | None:
-        return self._source("predictions", n_layers)
 
     def _activation_counts(self) -> dict[str, int]:
         """How many layers have each activation (read from attributes only)."""
