@@ -26,8 +26,8 @@ from spdnn_mpi.formats.store.reader import Store
 from spdnn_mpi.model import Network, SparseRows
 from spdnn_mpi.readout import classes_of_rows
 from spdnn_mpi.report import RunReport, merge_events
+from spdnn_mpi.util import outputs
 from spdnn_mpi.util.memory import peak_host_bytes
-from spdnn_mpi.util.outputs import check_distinct, check_output
 from spdnn_mpi.util.progress import Progress
 
 
@@ -92,11 +92,8 @@ def check_options(opts: RunOptions) -> None:
 
 def check_outputs(opts: RunOptions) -> None:
     """The outputs rank 0 writes at the end: writable, distinct, and not the store."""
-    outputs = {"--out": opts.out, "--json": opts.json}
-    check_distinct(outputs)
-    for option, path in outputs.items():
-        if path is not None:
-            check_output(path, option, inputs={"the store": opts.store}, results=True)
+    outputs.check_outputs({"--out": opts.out, "--json": opts.json},
+                          {"the store": opts.store}, results=True)
 
 
 def agreement_facts(opts: RunOptions, store: Store) -> dict[str, tuple[str, str]]:

@@ -209,3 +209,13 @@ def set_layer_field(f, layer: int, field: str, value) -> None:
     table = f["network/layers"][()]
     table[layer - 1][field] = value
     f["network/layers"][...] = table
+
+
+class FakeClock:
+    """A clock the test moves by hand (``clock.now += 2.5``), for rate-limited progress."""
+
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

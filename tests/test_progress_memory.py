@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import FakeClock, random_inputs, random_network
 
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.reference import reference_categories, reference_categories_at
 from spdnn_mpi.util import memory
 from spdnn_mpi.util.progress import Progress, format_seconds
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_progress_lines_rate_limited_with_rate_and_time_left():

@@ -7,6 +7,7 @@ import os
 import signal
 
 import pytest
+from conftest import FakeClock
 
 from spdnn_mpi.errors import InputFormatError, SpdnnError
 from spdnn_mpi.util.progress import Progress
@@ -94,18 +95,11 @@ def test_deferred_signals_hold_a_signal_until_the_block_ends():
         signal.signal(signal.SIGTERM, previous)
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def test_progress_time_left_from_a_share_of_the_work():
     """Layers of an archive come in any order: the share of the archive read says how
     far along it is; the layers written so far (2 of an unknown total) do not."""
-    clock, lines = FakeClock(), []
+    clock, lines = FakeClock(0.0), []
     bar = Progress("", None, lines.append, every=1.0, clock=clock)
     clock.now = 1.0
     bar(2, "10% read", fraction=0.1)
