@@ -9,7 +9,6 @@ groups itself (``Backend.merge_duplicate_rows``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,23 +21,6 @@ COMPRESS_MODES = ("auto", "off")
 #: CHECK_STRIDE. Data-independent, so queued work is cut at the same layers every run.
 EARLY_CHECKPOINTS = (1, 2, 4, 8, 12, 16, 20, 24, 28, 32)
 CHECK_STRIDE = 32
-#: Where checks are dear (``fall_rule``), one runs only once the live count falls by
-#: less than this a layer (checks after layers 1-8 made them 3.5x slower, H200).
-MAX_FALL_PER_LAYER = 0.02
-#: From BIG_HELD values held (rows x width) a layer costs so much that a check pays
-#: up to MAX_FALL_BIG a layer (65536 x 1920: the first merge came 4 layers late).
-BIG_HELD = 1 << 25
-MAX_FALL_BIG = 0.10
-
-
-def fall_rule(fall: float | None, held_values: int) -> bool:
-    """Whether a check pays on a backend where checks are dear (``check_pays``).
-    ``fall``: the live count's fall per layer since the last sample (None: none yet)."""
-    if fall is None:
-        return False
-    return fall < (MAX_FALL_BIG if held_values >= BIG_HELD else MAX_FALL_PER_LAYER)
-
-
 #: A check that removes less than this fraction of the rows doubles the gap to the
 #: next (rows that never collapse pay for a logarithmic number of checks).
 MIN_GAIN = 0.05
@@ -91,23 +73,10 @@ class Compressor:
         self._gap = 1
         self._next = 1
         self._done = False
-        self._sample: tuple[int, int] | None = None  # (layers done, live rows) last seen
 
     def due(self, layers_done: int) -> bool:
         """Whether a check may run now (asked only at checkpoints)."""
         return not self._done and layers_done >= self._next
-
-    def wants_check(self, layers_done: int, live: int, width: int = 1,
-                    pays: Callable[[float | None, int], bool] = fall_rule) -> bool:
-        """Given the live rows now (``width`` values each), whether to check (else: ask
-        at the next checkpoint); ``pays`` is the backend's rule (``Backend.check_pays``)."""
-        prev, self._sample = self._sample, (layers_done, live)
-        if live == 0:
-            return False
-        fall = None
-        if prev is not None and prev[1]:
-            fall = 1.0 - (live / prev[1]) ** (1.0 / max(1, layers_done - prev[0]))
-        return pays(fall, live * width)
 
     def record(self, layers_done: int, groups: RowGroups) -> None:
         """Fold a backend's merge into the map and choose when to look next."""
@@ -126,7 +95,6 @@ class Compressor:
         if gain < MIN_GAIN:
             self._gap = min(MAX_GAP, self._gap * 2)
         self._next = layers_done + self._gap
-        self._sample = (layers_done, len(kept))  # merging is no dying
 
     def roots(self) -> np.ndarray:
         """For every row of the batch, the representative whose results are its own."""

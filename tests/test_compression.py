@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spdnn_mpi.backends import make_backend
+from spdnn_mpi.check_policy import CheckCosts
 from spdnn_mpi.compression import MAX_GAP, Compressor, RowGroups, is_checkpoint
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.errors import SpdnnError
@@ -24,7 +25,10 @@ BACKENDS = ["cpu", "reference"]
 
 
 def run(net, rows, name, compress, **kw):
+    """One run; checks cost nothing, so every due checkpoint merges and the merge
+    itself is what is tested (when checks pay: test_check_policy.py)."""
     backend = make_backend(name)
+    backend.check_costs = CheckCosts()
     backend.load_network(net.layers)
     return run_inference(net, rows, backend, want_features=True, compress=compress, **kw)
 
@@ -86,10 +90,8 @@ def test_rows_that_never_collapse_pay_few_checks(name):
     assert len(off.alive_ids) == len(np.unique(rows.to_dense(), axis=0)) == 80
     events = auto.compression[0]
     assert all(e["representatives"] == e["rows"] for e in events)
-    # gaps double when a check finds nothing; the cpu backend's rule (fall_rule)
-    # takes its baseline at the first checkpoint and checks from the second
-    first = 2 if name == "cpu" else 1
-    assert [e["layer"] for e in events] == [first, 4, 8, 16, 32, 64, 128]
+    # gaps double when a check finds nothing
+    assert [e["layer"] for e in events] == [1, 4, 8, 16, 32, 64, 128]
 
 
 def test_no_look_where_too_few_layers_follow(monkeypatch):
@@ -101,7 +103,7 @@ def test_no_look_where_too_few_layers_follow(monkeypatch):
         net = random_network(rng, [60] * (n_layers + 1), 0.2, bias="positive")
         backend = make_backend("cpu")
         backend.check_min_layers_left = 8
-        backend.check_pays = lambda fall, held_values: True  # every look it is allowed
+        backend.check_costs = CheckCosts()  # every look it is allowed
         backend.load_network(net.layers)
         asked = []
 
@@ -179,25 +181,6 @@ def test_gap_is_bounded():
     for k in range(1, 40):
         c.record(k, RowGroups(10, np.arange(10), np.zeros(0, int), np.zeros(0, int)))
     assert c._gap == MAX_GAP
-
-
-def test_no_check_while_rows_die_fast_where_checks_are_dear():
-    c = Compressor(1000)  # the default rule is the CUDA backend's: fall_rule
-    assert c.due(2) and not c.wants_check(2, 1000)  # first sample: the baseline
-    assert not c.wants_check(4, 500)  # halving in two layers: still dying
-    assert not c.wants_check(8, 300)
-    assert c.wants_check(12, 299)  # now steady
-    assert not Compressor(5).wants_check(2, 0) and not c.wants_check(16, 0)
-    cpu = Compressor(1000)  # the CPU backend follows the same rule
-    pays = make_backend("cpu").check_pays
-    assert not cpu.wants_check(1, 1000, pays=pays) and not cpu.wants_check(2, 500, pays=pays)
-    assert cpu.wants_check(6, 495, pays=pays)
-    big = Compressor(5000)
-    big.wants_check(12, 4128, 65536)
-    assert big.wants_check(16, 3192, 65536)  # 6 % a layer, but each layer is expensive
-    small = Compressor(5000)
-    small.wants_check(12, 4128, 1024)
-    assert not small.wants_check(16, 3192, 1024)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

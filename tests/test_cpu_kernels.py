@@ -161,6 +161,7 @@ def test_backend_with_shared_sums_gives_the_same_bits(compress, distinct, monkey
     auto) merge down to a few rows of one tile: the same survivors and final
     features, bit for bit; the ids are the reference's."""
     from spdnn_mpi.backends.cpu import backend as cpu_backend
+    from spdnn_mpi.check_policy import CheckCosts
     from spdnn_mpi.engine import run_inference
     from spdnn_mpi.model import Network, SparseRows
     from spdnn_mpi.reference import reference_infer
@@ -180,6 +181,7 @@ def test_backend_with_shared_sums_gives_the_same_bits(compress, distinct, monkey
             monkeypatch.setattr(cpu_backend, "shared_inputs_all",
                                 lambda layers, threads=None: [None] * len(layers))
         backend = cpu_backend.CpuBackend()
+        backend.check_costs = CheckCosts()  # free: every checkpoint merges (the kernels' test)
         backend.load_network(net.layers)
         assert backend.describe()["shared_sum_layers"] == (len(net.layers) if shared else 0)
         results.append(run_inference(net, rows, backend, want_features=True, compress=compress))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spdnn_mpi.check_policy import CheckCosts
 from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.model import Layer, SparseRows
 
@@ -37,6 +38,9 @@ class Backend(ABC):
     #: fewest layers that must follow a checkpoint for the engine to look at it
     #: (a look costs this backend about as much as that many small layers)
     check_min_layers_left: int = 1
+    #: the prior for what compression checks cost here (``check_policy``); free by
+    #: default, so every due checkpoint checks
+    check_costs: CheckCosts = CheckCosts()
     #: rows of the untimed warm-up before timed runs (None: all of them, where
     #: what is cached, such as CUDA graphs, depends on the batch's size)
     warm_up_rows: int | None = 512
@@ -79,12 +83,6 @@ class Backend(ABC):
     def flush(self) -> None:  # noqa: B027 - a default, not abstract
         """Start the queued layers now without waiting (called at every checkpoint
         that does not merge, so queued work is cut at the same layers in every run)."""
-
-    def check_pays(self, fall: float | None, held_values: int) -> bool:
-        """Whether a compression check is worth its cost now (``fall``: the live
-        count's fall per layer since the last look, None at the first;
-        ``held_values``: rows x width held)."""
-        return True
 
     def max_batch_rows(self, width: int) -> int | None:
         """Most rows whose features fit this backend's memory at this width (None: no limit)."""

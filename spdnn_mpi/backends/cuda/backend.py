@@ -30,7 +30,8 @@ from spdnn_mpi.backends.cuda.readback import (
     PackedResults,
     unpack_results,
 )
-from spdnn_mpi.compression import RowGroups, fall_rule
+from spdnn_mpi.check_policy import CheckCosts
+from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, SparseRows
 
@@ -43,6 +44,10 @@ class CudaBackend(Backend):
     #: a look waits for the device and cuts the graph: a 3-layer MNIST model at 1000
     #: images took 0.90 ms with looks after layers 1 and 2, 0.22 ms without (H200)
     check_min_layers_left = 8
+    #: a look stalls the device for a wait and a relaunch; a check's fixed part is
+    #: its sort, six kernels and the copy of the groups; a layer on one tile of rows
+    #: still costs its launch and its weights (converged layers: 7.2-8.0 us, H200)
+    check_costs = CheckCosts(look=20e-6, check=150e-6, layer=6e-6)
     #: the whole batch: a graph's last gather is sized by the rows, so a smaller
     #: warm-up left the capture in the first timed run (0.173 against 0.027 s, H100)
     warm_up_rows = None
@@ -139,11 +144,6 @@ class CudaBackend(Backend):
     def flush(self) -> None:
         """Launch the queued layers (a cached graph per piece); returns at once."""
         self._queue.flush()
-
-    def check_pays(self, fall: float | None, held_values: int) -> bool:
-        """A check here costs a sort and two copies to the host: only once rows
-        stop dying fast (``compression.fall_rule``)."""
-        return fall_rule(fall, held_values)
 
     def merge_duplicate_rows(self) -> RowGroups:
         """Merge the identical rows held now, on the device (``merge``)."""
