@@ -18,6 +18,7 @@ from conftest import (
     saturating,
 )
 
+from spdnn_mpi.check_policy import CheckCosts
 from spdnn_mpi.engine import run_inference
 from spdnn_mpi.model import Layer, Network
 from spdnn_mpi.reference import reference_infer
@@ -26,10 +27,12 @@ from .gpu_helpers import cuda_backend
 
 
 def _both(net, rows, batch=None, **kw):
-    """(off, auto) on fresh CUDA backends, features included."""
+    """(off, auto) on fresh CUDA backends, features included; checks are free, so every
+    due checkpoint merges and the device merge is what is tested."""
     out = []
     for mode in ("off", "auto"):
         backend = cuda_backend(**kw)
+        backend.check_costs = CheckCosts()
         backend.load_network(net.layers)
         out.append(run_inference(net, rows, backend, batch=batch, want_features=True,
                                  compress=mode))
@@ -139,6 +142,7 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
     _assert_exact(net, rows, off, auto)
     assert auto.compression[0][0]["representatives"] == distinct
     backend = cuda_backend()
+    backend.check_costs = CheckCosts()
     backend.load_network(net.layers)
     run_inference(net, rows, backend, compress="auto")
     assert backend._queue.held == held
