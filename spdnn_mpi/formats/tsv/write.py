@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.formats.tsv.kernels import format_block
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.util.atomic import atomic_path
 
@@ -65,6 +64,9 @@ def _write_csr_lines(
     block_entries: int = 1 << 22,
 ) -> None:
     """Write CSR entries as TSV lines atomically (gzip when the name ends in .gz)."""
+    # numba on first use: writing categories alone (every `spdnn infer`) never loads it
+    from spdnn_mpi.formats.tsv.kernels import format_block
+
     val_idx, table, offsets = _value_table(values, uniform, one_as_int)
     n_rows = len(indptr) - 1
     n_cols_bound = int(indices.max()) + 1 if len(indices) else 1
