@@ -70,26 +70,35 @@ def row_attrs(row) -> dict:
 
 
 class PackedWriter:
-    """Appends layers to the packed datasets of a ``/network`` group being written."""
+    """Appends layers to the packed datasets of a ``/network`` group being written,
+    in writes of about FLUSH_BYTES (``flush`` writes what is held: call it before the
+    file closes). HDF5 calls cost about 0.3 ms each whatever their size: two resizes
+    and writes a layer were 1.5 ms of every layer's 2 ms in ``spdnn prepare``."""
+
+    #: bytes of arrays held before they are written
+    FLUSH_BYTES = 32 << 20
 
     def __init__(self, network: h5py.Group) -> None:
         self._group = network
         self._table = network.create_dataset("layers", shape=(0,), maxshape=(None,),
                                              dtype=TABLE_DTYPE, chunks=(1024,))
         self._sizes = dict.fromkeys(DATASETS, 0)
+        self._held: dict[str, list[np.ndarray]] = {name: [] for name in DATASETS}
+        self._held_bytes = 0
+        self._rows: list = []
 
     def _append(self, name: str, data: np.ndarray) -> int:
-        """Append ``data`` to dataset ``name`` (made on first use); its start."""
+        """Hold ``data`` for dataset ``name`` (made on first use); its start."""
         start = self._sizes[name]
-        if name not in self._group:
+        if not self._held[name] and name not in self._group:
             low, high = CHUNK_RANGE
             chunk = min(high, max(low, 1 << max(0, len(data) - 1).bit_length()))
             self._group.create_dataset(name, shape=(0,), maxshape=(None,),
                                        dtype=DATASETS[name], chunks=(chunk,))
-        ds = self._group[name]
-        ds.resize((start + len(data),))
         if len(data):
-            ds[start:] = data
+            data = np.ascontiguousarray(data, dtype=DATASETS[name])
+            self._held[name].append(data)
+            self._held_bytes += data.nbytes
         self._sizes[name] = start + len(data)
         return start
 
@@ -109,9 +118,25 @@ class PackedWriter:
         row["has_clip"] = "clip" in attrs
         row["clip"] = attrs.get("clip", 0.0)
         row["activation"] = ACTIVATIONS.index(attrs["activation"])
-        n = len(self._table)
-        self._table.resize((n + 1,))
-        self._table[n] = row
+        self._rows.append(row)
+        if self._held_bytes >= self.FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the arrays and table rows held (one resize and write a dataset)."""
+        for name, parts in self._held.items():
+            if parts:
+                ds = self._group[name]
+                written = ds.shape[0]
+                ds.resize((self._sizes[name],))
+                ds[written:] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                parts.clear()
+        self._held_bytes = 0
+        if self._rows:
+            n = len(self._table)
+            self._table.resize((n + len(self._rows),))
+            self._table[n:] = np.array(self._rows, dtype=TABLE_DTYPE)
+            self._rows.clear()
 
 
 class PackedLayers:

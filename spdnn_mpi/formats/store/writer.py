@@ -176,7 +176,6 @@ class StoreWriter:
         self._n_layers += 1
         self._last_n_out = layer.n_out
         self._n_outs.append(layer.n_out)
-        self._net.attrs["n_layers"] = self._n_layers
         self._check_written()
 
     @held_signals
@@ -275,6 +274,8 @@ class StoreWriter:
             raise StoreError(f"{self.path}: refusing to write a store with no layers")
         self._check_written()
         try:
+            self._packed.flush()  # the layers' arrays still held
+            self._net.attrs["n_layers"] = self._n_layers
             self._file.close()  # flushes the metadata: a full disk may show only here
         except OSError as exc:
             self.abort()
