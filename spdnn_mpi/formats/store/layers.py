@@ -183,8 +183,21 @@ class PackedLayers:
         for s in all_spans:
             for name, (_start, stop) in s.items():
                 ends[name] = max(ends.get(name, 0), stop)
-        data = {name: self._read(self._group, name, slice(0, end)) for name, end in ends.items()}
+        data = {name: self._read_prefix(name, end) for name, end in ends.items()}
         return [(self.attrs(k), self._split(s, data)) for k, s in enumerate(all_spans)]
+
+    def _read_prefix(self, name: str, stop: int) -> np.ndarray:
+        """Dataset ``name``'s first ``stop`` entries: from the file's bytes on every
+        core where its layout allows (``direct``), else through HDF5."""
+        from spdnn_mpi.formats.store.direct import read_prefix
+        from spdnn_mpi.util.workers import default_jobs
+
+        try:
+            data = read_prefix(self._group[name], stop, default_jobs())
+        except OSError as exc:
+            raise StoreError(f"{self._path}: network/{name}: cannot be read ({exc}); "
+                             "the file is damaged") from None
+        return data if data is not None else self._read(self._group, name, slice(0, stop))
 
     def _split(self, spans_k: dict[str, tuple[int, int]], data: dict) -> Arrays:
         def take(name: str) -> np.ndarray | None:
