@@ -91,3 +91,20 @@ def test_a_truncated_read_is_refused(tmp_path):
     with pytest.raises(StoreError, match="truncated"):
         direct.read_prefix(ds, 20_000, 2)
     f.close()
+
+
+def test_layers_checked_on_threads_refuse_the_first_damaged_one(tmp_path, monkeypatch):
+    from spdnn_mpi.formats.store import reader
+
+    monkeypatch.setattr(reader, "PARALLEL_CHECK_NNZ", 0)  # every store on threads
+    monkeypatch.setattr("spdnn_mpi.util.workers.default_jobs", lambda: 3)
+    net = _store(tmp_path / "s.h5", n_layers=8)
+    with Store(tmp_path / "s.h5") as store:
+        assert len(store.network().layers) == 8
+    starts = np.cumsum([0] + [layer.nnz for layer in net.layers])
+    with h5py.File(tmp_path / "s.h5", "r+") as f:
+        ds = f["network/indices16"]
+        for k in (6, 3):  # 0-based layers 3 and 6 (4 and 7 to the user)
+            ds[starts[k]] = 299 + 1000
+    with Store(tmp_path / "s.h5") as store, pytest.raises(StoreError, match="network/l00004"):
+        store.network()

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -27,6 +28,12 @@ from spdnn_mpi.formats.store.schema import (  # noqa: F401 - re-exported for use
 )
 from spdnn_mpi.formats.store.writer import StoreWriter  # noqa: F401 - re-exported
 from spdnn_mpi.model import READOUTS, Layer, Network
+
+#: Mean entries a layer from which the layers are validated on several threads: two
+#: threads took 0.050 s against 0.063 s for 480 layers of 16384 x 32 entries and
+#: 0.078 against 0.124 s for 240 layers of 65536 x 32, but 0.159 against 0.061 s for
+#: 1920 layers of 4096 x 32, where each check is mostly Python (2-core VM, 2026-12-05).
+PARALLEL_CHECK_NNZ = 1 << 19
 
 
 class Store(StoredInputs, StoredAnswers):
@@ -146,6 +153,25 @@ class Store(StoredInputs, StoredAnswers):
         self._timed(t0)
         return layer
 
+    def _checked_all(self, parts: list) -> list[Layer]:
+        """Every layer of ``parts`` validated; layers of PARALLEL_CHECK_NNZ entries or
+        more on every core the process may use (the checks are numpy reductions, which
+        release the GIL); the first damaged layer in order is the one refused."""
+        from spdnn_mpi.util.workers import default_jobs
+
+        threads = min(default_jobs(), len(parts))
+        nnz = sum(len(arrays[0]) for _attrs, arrays in parts)
+        if threads < 2 or nnz < PARALLEL_CHECK_NNZ * len(parts):
+            return [self._checked(k, attrs, arrays) for k, (attrs, arrays) in enumerate(parts)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            layers = list(pool.map(
+                lambda item: validate.check_layer(f"{self.path}: network/{layer_key(item[0])}",
+                                                  item[1][0], *item[1][1]),
+                enumerate(parts)))
+        self._timed(t0)
+        return layers
+
     def layer(self, k: int) -> Layer:
         """0-based layer ``k``, validated (shapes, row pointer, index range, finite values)."""
         return self._checked(k, self._attrs(k), self._layers.arrays(k))
@@ -164,7 +190,7 @@ class Store(StoredInputs, StoredAnswers):
         """The first ``n_layers`` layers (all by default), chained and checked; a
         packed store reads each of its few datasets once."""
         parts = self._layers.prefix(self._check_layer_count(n_layers))
-        layers = [self._checked(k, attrs, arrays) for k, (attrs, arrays) in enumerate(parts)]
+        layers = self._checked_all(parts)
         for k in range(1, len(layers)):
             if layers[k].n_in != layers[k - 1].n_out:
                 raise StoreError(
