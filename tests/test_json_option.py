@@ -105,3 +105,34 @@ def test_import_json_and_out_may_not_be_one_file(files, capsys):
     same = str(files / "same.h5")
     assert main(["import", str(files / "m.safetensors"), "--out", same, "--json", same]) == 2
     assert "--out and --json are the same file" in capsys.readouterr().err
+
+
+def test_infer_out_dash_writes_the_categories_to_standard_output(files, tmp_path, monkeypatch,
+                                                                 capsys):
+    """`--out -`: the categories alone on standard output, the summary on standard
+    error, and no file named '-'."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["infer", str(files / "s.h5"), "--backend", "cpu", "--quiet",
+                 "--out", str(tmp_path / "c.tsv")]) == 0
+    capsys.readouterr()
+    assert main(["infer", str(files / "s.h5"), "--backend", "cpu", "--quiet", "--out", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out == (tmp_path / "c.tsv").read_text() and out.strip()
+    assert "categories" in err and not (tmp_path / "-").exists()
+
+
+def test_one_standard_output_for_out_and_json(files, capsys):
+    assert main(["infer", str(files / "s.h5"), "--backend", "cpu", "--quiet", "--out", "-",
+                 "--json", "-"]) == 2
+    assert "--out - and --json - both ask for standard output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["generate", "--neurons", "256", "--layers", "2",
+                                   "--images", "10"],
+                                  ["generate", "--neurons", "256", "--layers", "2",
+                                   "--images", "10", "--tsv"]])
+def test_a_store_or_folder_cannot_go_to_standard_output(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--out", "-", "--quiet"]) == 2
+    assert "cannot go to standard output" in capsys.readouterr().err
+    assert not (tmp_path / "-").exists()

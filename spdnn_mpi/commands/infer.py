@@ -39,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "predictions); exit 1 on any difference")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="write the categories here (official TSV format; argmax stores: "
-                        "image_id<TAB>class lines)")
+                        "image_id<TAB>class lines), replacing FILE (a results file); "
+                        "'-' writes them to standard output, and the summary then goes "
+                        "to standard error")
     add_json(p, "the run report")
     p.add_argument("--batch", type=int, default=None, metavar="ROWS",
                    help="images per batch on each rank (default: as many as fit in memory)")
@@ -226,12 +228,15 @@ def compression_line(report: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spdnn_mpi import comm as mpi
-    from spdnn_mpi.commands.options import json_file
+    from spdnn_mpi.commands.options import STDOUT, json_file
     from spdnn_mpi.driver import RunOptions, distributed_infer
-    from spdnn_mpi.formats.tsv.write import write_categories
+    from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.readout import compare_categories
     from spdnn_mpi.util.progress import stderr_lines
 
+    if args.out == STDOUT and args.json == STDOUT:
+        raise SpdnnError("--out - and --json - both ask for standard output; "
+                         "send one of them to a file")
     world = mpi.world()
     rank = world.Get_rank()
     emit = None if args.quiet or rank != 0 else stderr_lines("spdnn infer")
@@ -240,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch, threads=args.threads, oversubscribe_gpus=args.oversubscribe_gpus,
         weights_load=args.weights_load, compress=args.compress,
         progress=None if args.quiet else progress_printer(world.Get_size()),
-        check=args.check, out=args.out, json=json_file(args), emit=emit,
+        check=args.check, out=None if args.out == STDOUT else args.out,
+        json=json_file(args), emit=emit,
     )
     if rank == 0 and not args.quiet:
         print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)
@@ -256,8 +262,7 @@ def run(args: argparse.Namespace) -> int:
             report.check = compare_categories(report.categories, np.asarray(report.truth))
             status = 0 if report.check["passed"] else 1
         t0 = time.perf_counter()
-        if args.out:
-            write_categories(args.out, report.categories)
+        write_results(args.out, report.categories, None)
         write_report(args, report, time.perf_counter() - t0)
         return status
 
@@ -269,7 +274,6 @@ def run(args: argparse.Namespace) -> int:
 def finish_argmax(args: argparse.Namespace, report) -> int:
     """Rank 0 on an argmax store: check, score, write the predictions and the report
     (the reference predictions and labels were read when the run started)."""
-    from spdnn_mpi.formats.tsv.write import write_predictions
     from spdnn_mpi.readout import accuracy, compare_predictions
 
     status = 0
@@ -282,10 +286,32 @@ def finish_argmax(args: argparse.Namespace, report) -> int:
                            "correct": int(np.count_nonzero(predictions == labels)),
                            "images": int(len(labels))}
     t0 = time.perf_counter()
-    if args.out:
-        write_predictions(args.out, predictions)
+    write_results(args.out, None, predictions)
     write_report(args, report, time.perf_counter() - t0)
     return status
+
+
+def write_results(out: str | None, categories, predictions) -> None:
+    """The categories (or an argmax store's predictions) to ``--out``: a file written
+    atomically, or standard output for '-'."""
+    from spdnn_mpi.commands.options import STDOUT
+    from spdnn_mpi.formats.tsv.write import (
+        categories_text,
+        predictions_text,
+        write_categories,
+        write_predictions,
+    )
+
+    if out is None:
+        return
+    if out == STDOUT:
+        text = categories_text(categories) if predictions is None else predictions_text(predictions)
+        sys.stdout.write(text.decode())
+        sys.stdout.flush()
+    elif predictions is None:
+        write_categories(out, categories)
+    else:
+        write_predictions(out, predictions)
 
 
 def write_report(args: argparse.Namespace, report, write_seconds: float) -> None:

@@ -59,9 +59,11 @@ def json_file(args: argparse.Namespace) -> str | None:
 
 
 def text_stream(args: argparse.Namespace) -> TextIO:
-    """Where the human-readable output goes: standard error while ``--json -`` holds
-    standard output for the JSON (so it stays parseable), else standard output."""
-    return sys.stderr if getattr(args, "json", None) == STDOUT else sys.stdout
+    """Where the human-readable output goes: standard error while ``--json -`` or
+    ``--out -`` holds standard output (so what goes there stays parseable), else
+    standard output."""
+    held = STDOUT in (getattr(args, "json", None), getattr(args, "out", None))
+    return sys.stderr if held else sys.stdout
 
 
 def emit_json(args: argparse.Namespace, data: dict) -> None:

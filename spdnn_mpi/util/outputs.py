@@ -60,6 +60,9 @@ def check_output(
     (an existing one is written into). An existing character device or FIFO is
     written directly, unless ``regular`` (a store: HDF5 seeks); other kinds are refused.
     """
+    if str(path) == "-" and (regular or directory):
+        what, name = ("a folder", "a folder") if directory else ("a store", "a file")
+        raise SpdnnError(f"{option} -: {what} cannot go to standard output; name {name}")
     path = Path(path)
     for what, source in (inputs or {}).items():
         if source is not None and same_path(path, source):

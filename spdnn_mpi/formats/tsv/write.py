@@ -119,20 +119,29 @@ def write_images(path: str | os.PathLike, rows: SparseRows) -> None:
     )
 
 
-def write_categories(path: str | os.PathLike, ids: np.ndarray) -> None:
-    """Write sorted 1-based image ids, one per line, atomically."""
+def categories_text(ids: np.ndarray) -> bytes:
+    """Sorted 1-based image ids, one per line (the official categories format)."""
     ids = np.sort(np.asarray(ids, dtype=np.int64))
     if len(ids) and ids[0] < 1:
         raise ValueError("category ids are 1-based")
-    _write_lines(path, "".join(f"{x}\n" for x in ids.tolist()).encode())
+    return "".join(f"{x}\n" for x in ids.tolist()).encode()
+
+
+def predictions_text(classes: np.ndarray) -> bytes:
+    """``image_id<TAB>class`` lines (1-based id, 0-based class)."""
+    classes = np.asarray(classes, dtype=np.int64)
+    ids = np.arange(1, len(classes) + 1)
+    return "".join(f"{i}\t{c}\n" for i, c in zip(ids.tolist(), classes.tolist())).encode()
+
+
+def write_categories(path: str | os.PathLike, ids: np.ndarray) -> None:
+    """Write sorted 1-based image ids, one per line, atomically."""
+    _write_lines(path, categories_text(ids))
 
 
 def write_predictions(path: str | os.PathLike, classes: np.ndarray) -> None:
     """Write ``image_id<TAB>class`` lines (1-based id, 0-based class), atomically."""
-    classes = np.asarray(classes, dtype=np.int64)
-    ids = np.arange(1, len(classes) + 1)
-    _write_lines(path, "".join(f"{i}\t{c}\n" for i, c in zip(ids.tolist(),
-                                                             classes.tolist())).encode())
+    _write_lines(path, predictions_text(classes))
 
 
 def _write_lines(path: str | os.PathLike, text: bytes) -> None:
