@@ -398,7 +398,7 @@ def test_prepare_tree_converts_every_network(tree, tmp_path, capsys):
     captured = capsys.readouterr()
     store = out_dir / f"neuron{N}-l4.h5"
     assert captured.out.split() == [str(store)]
-    assert "store 1/1: N=16, 4 layers, 2 truth file(s)" in captured.err
+    assert "store 1/1: N=16, 4 layers of neuron16, 2 truth file(s)" in captured.err
     assert "layer 4/4" in captured.err
     with Store(store) as st:
         assert st.n_layers == 4 and st.truth_layers() == [2, 4]
@@ -410,6 +410,46 @@ def test_prepare_tree_converts_every_network(tree, tmp_path, capsys):
     assert "--out-dir" in capsys.readouterr().err
     assert main(["prepare", "--tree", str(tree["root"]), "--out-dir", str(out_dir),
                  "--quiet", "--force", "--neurons", "16"]) == 0
+
+
+def _archive_tree(tree, tmp_path) -> Path:
+    """The tree with its neuron{N} folder replaced by the archive as downloaded."""
+    import shutil
+    import tarfile
+
+    with tarfile.open(tree["root"] / f"neuron{N}.tar.gz", "w:gz") as tar:
+        tar.add(tree["weights"], arcname=tree["weights"].name)
+    shutil.rmtree(tree["weights"])
+    return tree["root"]
+
+
+def test_prepare_tree_takes_the_archives_as_downloaded(tree, tmp_path, capsys):
+    """--tree with neuron{N}.tar.gz in place of the folder: the same store, read as deep
+    as its deepest truth file; --split one store per truth file; without truth, all
+    layers into neuron{N}.h5."""
+    folder_store = tmp_path / "folder" / f"neuron{N}-l4.h5"
+    assert main(["prepare", "--tree", str(tree["root"]), "--out-dir",
+                 str(folder_store.parent), "--quiet"]) == 0
+    root = _archive_tree(tree, tmp_path)
+    out_dir = tmp_path / "stores"
+    assert main(["prepare", "--tree", str(root), "--out-dir", str(out_dir)]) == 0
+    captured = capsys.readouterr()
+    assert f"4 layers of neuron{N}.tar.gz, 2 truth file(s)" in captured.err
+    with Store(out_dir / f"neuron{N}-l4.h5") as a, Store(folder_store) as b:
+        assert a.n_layers == 4 and a.truth_layers() == [2, 4]
+        for la, lb in zip(a.network().layers, b.network().layers):
+            np.testing.assert_array_equal(la.indices, lb.indices)
+            np.testing.assert_array_equal(la.indptr, lb.indptr)
+        np.testing.assert_array_equal(a.inputs().to_dense(), tree["rows"].to_dense())
+    assert main(["prepare", "--tree", str(root), "--out-dir", str(tmp_path / "split"),
+                 "--split", "--quiet"]) == 0
+    assert leftovers(tmp_path / "split") == [f"neuron{N}-l2.h5", f"neuron{N}-l4.h5"]
+    for truth in root.glob("*categories*"):
+        truth.unlink()
+    assert main(["prepare", "--tree", str(root), "--out-dir", str(tmp_path / "bare"),
+                 "--quiet"]) == 0
+    with Store(tmp_path / "bare" / f"neuron{N}.h5") as st:
+        assert st.n_layers == 4 and st.truth_layers() == []
 
 
 def test_prepare_tree_split_makes_one_store_per_truth_file(tree, tmp_path, capsys):
@@ -427,7 +467,8 @@ def test_prepare_tree_split_makes_one_store_per_truth_file(tree, tmp_path, capsy
     (["--tree", "{missing}", "--out-dir", "{out}"], "--tree {missing}: no such folder"),
     (["--tree", "{root}"], "--tree {root} needs --out-dir DIR"),
     (["--tree", "{root}", "--out-dir", "{out}", "--neurons", "1024", "4096"],
-     "no neuron{N} folder with layer files for --neurons 1024 4096"),
+     "no neuron{N} folder with layer files and no neuron{N}.tar.gz archive for --neurons "
+     "1024 4096"),
     (["--tree", "{root}", "--out-dir", "{out}", "--inputs", "x.tsv", "--layers", "2"],
      "--layers, --inputs: for one network (--weights DIR)"),
     (["--tree", "{root}", "--out-dir", "{out}", "--no-clip"], "--clip/--no-clip: for one"),

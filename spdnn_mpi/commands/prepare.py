@@ -51,9 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "archive neuron{N}.tar.gz read as it is, never unpacked (one "
                              "network, into --out)")
     source.add_argument("--tree", type=Path, metavar="DIR",
-                        help="an official tree (neuron{N}/ folders, sparse-images-{N}.tsv[.gz], "
+                        help="an official tree (neuron{N}/ folders or the neuron{N}.tar.gz "
+                             "archives as downloaded, sparse-images-{N}.tsv[.gz], "
                              "neuron{N}-l{L}-categories.tsv, searched recursively): every "
-                             "network found, with its images and truth, into --out-dir")
+                             "network found, with its images and truth, into --out-dir (an "
+                             "archive as deep as its deepest truth file)")
     p.add_argument("--neurons", type=int, nargs="+", action="extend", default=None,
                    metavar="N",
                    help="neurons per layer; when not given, read from the folder or file "

@@ -288,7 +288,10 @@ def convert_tree(
     One store per N, ``neuron{N}-l{L}.h5`` with all L layers found and every
     truth file that fits; with ``split``, one store per truth file instead
     (``neuron{N}-l{L}.h5`` holding the first L layers), as the 120- and
-    480-layer networks are the first layers of the 1920-layer one. Every
+    480-layer networks are the first layers of the 1920-layer one. A network
+    given as its archive is read as deep as its deepest truth file (all of it,
+    into ``neuron{N}.h5``, where it has none); with ``split`` the archive is
+    read once a store. Every
     output is checked before the first network is read, so a store that is
     in the way stops the run at once, not after hours of conversion.
     Errors name the command's options (``--tree``, ``--out-dir``, ``--neurons``).
@@ -304,25 +307,32 @@ def convert_tree(
         nets = [n for n in nets if n.neurons in neurons]
     if not nets:
         wanted = f" for --neurons {' '.join(map(str, neurons))}" if neurons else ""
-        raise SpdnnError(f"--tree {root}: no neuron{{N}} folder with layer files{wanted}")
+        raise SpdnnError(f"--tree {root}: no neuron{{N}} folder with layer files and no "
+                         f"neuron{{N}}.tar.gz archive{wanted}")
     out_dir = check_output(out_dir, "--out-dir", directory=True)
     stores = []
     for net in nets:
-        fits = {n_l: p for n_l, p in net.categories.items() if n_l <= net.n_layers}
-        for n_l, p in net.categories.items():
-            if n_l > net.n_layers:
-                _log(progress, f"skipping {p}: {n_l} layers wanted, {net.n_layers} found")
+        if net.n_layers is None:  # an archive: as deep as its deepest truth file (the
+            fits = dict(net.categories)  # official ones are), or all of it without one
+            deepest = max(fits) if fits else None
+        else:
+            fits = {n_l: p for n_l, p in net.categories.items() if n_l <= net.n_layers}
+            deepest = net.n_layers
+            for n_l, p in net.categories.items():
+                if n_l > net.n_layers:
+                    _log(progress, f"skipping {p}: {n_l} layers wanted, {net.n_layers} found")
         for n_l, truth in ([(n_l, {n_l: p}) for n_l, p in fits.items()] if split and fits
-                           else [(net.n_layers, fits)]):
-            out = out_dir / f"neuron{net.neurons}-l{n_l}.h5"
+                           else [(deepest, fits)]):
+            out = out_dir / (f"neuron{net.neurons}-l{n_l}.h5" if n_l is not None
+                             else f"neuron{net.neurons}.h5")
             check_output(out, "--out-dir", force=force,
                          inputs={"the images file": net.images,
                                  **{f"the truth file {p.name}": p for p in truth.values()}})
             stores.append((net, n_l, truth, out))
     written = []
     for i, (net, n_l, truth, out) in enumerate(stores, start=1):
-        _log(progress, f"store {i}/{len(stores)}: N={net.neurons}, {n_l} layers, "
-                       f"{len(truth)} truth file(s) -> {out}")
+        _log(progress, f"store {i}/{len(stores)}: N={net.neurons}, {n_l or 'all'} layers "
+                       f"of {net.weights_dir.name}, {len(truth)} truth file(s) -> {out}")
         written.append(prepare_store(net.weights_dir, out, neurons=net.neurons, n_layers=n_l,
                                      inputs=net.images, categories=truth, force=force,
                                      progress=progress, jobs=jobs))

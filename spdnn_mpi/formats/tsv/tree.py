@@ -143,8 +143,8 @@ class TreeNetwork:
     """What an official tree holds for one N (see :func:`scan_tree`)."""
 
     neurons: int
-    weights_dir: Path
-    n_layers: int
+    weights_dir: Path  # a ``neuron{N}`` folder, or a ``neuron{N}.tar.gz`` archive
+    n_layers: int | None  # None: an archive, whose layers are counted as it is read
     images: Path | None = None
     categories: dict[int, Path] = field(default_factory=dict)
 
@@ -152,15 +152,19 @@ class TreeNetwork:
 def scan_tree(root: str | os.PathLike) -> list[TreeNetwork]:
     """Find every network in an official tree (searched recursively), sorted by N.
 
-    A network is a ``neuron{N}`` folder with layer files ``1..L``; the images
+    A network is a ``neuron{N}`` folder with layer files ``1..L``, else an official
+    archive ``neuron{N}.tar.gz`` (as downloaded; a folder of N wins); the images
     ``sparse-images-{N}.tsv[.gz]`` and truth ``neuron{N}-l{L}-categories.tsv``
     may sit anywhere under ``root``.
     """
+    from spdnn_mpi.formats.tsv.archive import ARCHIVE_RE
+
     root = Path(root)
     if not root.is_dir():
         raise InputFormatError(root, None, "no such folder")
     nets: dict[int, TreeNetwork] = {}
     images: dict[int, Path] = {}
+    archives: dict[int, Path] = {}
     cats: dict[int, dict[int, Path]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -176,6 +180,10 @@ def scan_tree(root: str | os.PathLike) -> list[TreeNetwork]:
                 images[int(mi.group(1))] = d / name
             elif mc := CATEGORIES_RE.match(name):
                 cats.setdefault(int(mc.group(1)), {}).setdefault(int(mc.group(2)), d / name)
+            elif ma := ARCHIVE_RE.match(name):
+                archives.setdefault(int(ma.group(1)), d / name)
+    for n, path in archives.items():
+        nets.setdefault(n, TreeNetwork(n, path, None))
     for n, net in nets.items():
         net.images = images.get(n)
         net.categories = dict(sorted(cats.get(n, {}).items()))
