@@ -76,6 +76,7 @@ class RankData:
     stop: int
     load_seconds: float
     validate_seconds: float
+    device_seconds: float = 0.0  # finding the rank's GPU: CuPy's import, the driver's start
 
 
 def check_options(opts: RunOptions) -> None:
@@ -234,10 +235,12 @@ def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
         data.network = Network(layers, plan.store.provenance, plan.store.readout)
         data.load_seconds += time.perf_counter() - t0
 
+    t_device = time.perf_counter()  # CuPy's import and the driver's start-up, for a GPU
     options = mpi.run_phase(comm, lambda: device_option(backend_name, node, opts))
     if "device" in options:
         uuids = local.allgather(mpi.run_phase(comm, lambda: gpu_uuid(options["device"])))
         mpi.run_phase(comm, lambda: mpi.check_gpu_sharing(node, uuids, opts.oversubscribe_gpus))
+    data.device_seconds = time.perf_counter() - t_device
     first_on_node = node.local_rank == 0
     backend, prepare_seconds = mpi.run_phase(comm, lambda: prepare_backend(
         backend_name, options, data, first_on_node))
@@ -281,6 +284,7 @@ def gather_report(comm, node: mpi.NodeInfo, backend_name: str, why: str, opts: R
         "first_image": data.start,
         "input_nnz": data.rows.nnz,
         "load_seconds": data.load_seconds,
+        "device_seconds": data.device_seconds,
         "validate_seconds": data.validate_seconds,
         "layout_seconds": layout_seconds - compile_seconds,
         "compile_seconds": compile_seconds,

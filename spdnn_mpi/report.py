@@ -26,10 +26,11 @@ def process_seconds() -> float:
     try:
         with open("/proc/self/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
+        # the start is in clock ticks since boot; now to the nanosecond on the same clock
+        # (/proc/uptime has 10 ms steps), so two readings differ by the time between them
+        uptime = time.clock_gettime(time.CLOCK_BOOTTIME)
         return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no BOOTTIME
         return time.monotonic() - _IMPORTED
 
 
@@ -141,6 +142,7 @@ class RunReport:
     labels: np.ndarray | None = None  # stored labels (argmax stores run whole)
     check: dict | None = None  # set by the command once it compared
     accuracy: dict | None = None
+    startup_seconds: float = 0.0  # process start to the command's start (set by the command)
     machine: dict = field(default_factory=machine_info)
 
     @property
@@ -172,8 +174,8 @@ class RunReport:
             "categories_count": int(len(self.categories)), "per_rank": self.per_rank,
             "machine": self.machine,
         }
-        for key in ("input_seconds", "load_seconds", "validate_seconds", "layout_seconds",
-                    "compile_seconds", "warm_up_seconds", "peak_host_bytes",
+        for key in ("input_seconds", "load_seconds", "validate_seconds", "device_seconds",
+                    "layout_seconds", "compile_seconds", "warm_up_seconds", "peak_host_bytes",
                     "peak_children_bytes"):
             out[key] = max(r[key] for r in self.per_rank)
         out["kernels_compiled"] = any(r["kernels_compiled"] for r in self.per_rank)

@@ -41,7 +41,13 @@ def test_infer_writes_categories_and_report(small_store, tmp_path, backend, caps
               "input_seconds", "inference_seconds", "write_seconds")
     assert all(report[key] >= 0 for key in phases) and report["kernels_compiled"] is False
     assert report["end_to_end_seconds"] >= sum(report[key] for key in phases)
-    assert "PASSED" in capsys.readouterr().out
+    # and the rest: Python and the imports, finding the device, and what no phase holds
+    rest = ("startup_seconds", "device_seconds", "other_seconds")
+    assert report["startup_seconds"] > 0 and all(report[key] >= 0 for key in rest)
+    assert sum(report[key] for key in phases + rest) == pytest.approx(
+        report["end_to_end_seconds"], abs=1e-6)
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "s before the command ran" in out
 
 
 def test_infer_fewer_layers(small_store):

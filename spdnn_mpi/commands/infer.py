@@ -183,8 +183,12 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"categories  {report['categories_count']} images alive after layer "
                      f"{report['n_layers']}")
     if "end_to_end_seconds" in report:
+        gpu = (f"{report['device_seconds']:.3f} s finding the GPU (CuPy, the driver), "
+               if report["backend"] == "cuda" else "")
         lines.append(f"answer      {report['write_seconds']:.3f} s writing the results; "
-                     f"{report['end_to_end_seconds']:.3f} s since the process started")
+                     f"{report['end_to_end_seconds']:.3f} s since the process started: "
+                     f"{report['startup_seconds']:.3f} s before the command ran, {gpu}"
+                     f"{report['other_seconds']:.3f} s in no phase above")
     if "peak_host_bytes" in report:
         lines.append(f"memory      peak host {format_bytes(report['peak_host_bytes'])} "
                      f"({'largest rank' if report['ranks'] > 1 else 'this process'})")
@@ -232,8 +236,10 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.driver import RunOptions, distributed_infer
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.readout import compare_categories
+    from spdnn_mpi.report import process_seconds
     from spdnn_mpi.util.progress import stderr_lines
 
+    startup_seconds = process_seconds()  # Python, the imports, MPI's initialisation
     if args.out == STDOUT and args.json == STDOUT:
         raise SpdnnError("--out - and --json - both ask for standard output; "
                          "send one of them to a file")
@@ -251,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0 and not args.quiet:
         print(f"spdnn infer: {args.store} on {world.Get_size()} rank(s)", file=sys.stderr)
     report = distributed_infer(world, opts)
+    if report is not None:
+        report.startup_seconds = startup_seconds
 
     def finish() -> int:
         if rank != 0:
@@ -323,5 +331,11 @@ def write_report(args: argparse.Namespace, report, write_seconds: float) -> None
     summary = report.to_json()
     summary["write_seconds"] = write_seconds
     summary["end_to_end_seconds"] = process_seconds()
+    summary["startup_seconds"] = report.startup_seconds
+    timed = ("startup_seconds", "load_seconds", "device_seconds", "layout_seconds",
+             "compile_seconds", "warm_up_seconds", "input_seconds", "inference_seconds",
+             "write_seconds")
+    summary["other_seconds"] = max(0.0, summary["end_to_end_seconds"]
+                                   - sum(summary.get(k) or 0.0 for k in timed))
     emit_json(args, summary)
     print("\n".join(summary_lines(summary)), file=text_stream(args))
