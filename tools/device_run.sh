@@ -156,7 +156,7 @@ if [[ $steps == *answer* ]]; then
       rc=$?
       wall=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
       note "answer $cfg run $run: rc=$rc, ${wall} s process start to file written; $(grep -E \
-        '^(set-up|inference)' "$out/answer_${cfg}_$run.log" | tr -s ' ' | paste -sd ';')"
+        '^(set-up|inference|answer)' "$out/answer_${cfg}_$run.log" | tr -s ' ' | paste -sd ';')"
     done
   done
 fi
