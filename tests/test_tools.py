@@ -64,6 +64,9 @@ def test_device_run_header_documents_exactly_its_steps(tmp_path):
     res = run("bash", str(TOOLS / "device_run.sh"), env={"STEPS": "tests sweep",
                                                          "OUT": str(tmp_path / "out")})
     assert res.returncode == 2 and "unknown step 'sweep'" in res.stderr
+    res = run("bash", str(TOOLS / "device_run.sh"), env={
+        "STEPS": "challenge", "BASELINE": str(tmp_path), "OUT": str(tmp_path / "out")})
+    assert res.returncode == 2 and "is not a tree of this project" in res.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

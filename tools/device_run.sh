@@ -19,7 +19,10 @@
 #   challenge  `spdnn bench --challenge --backend cuda` (CHALLENGE_ARGS: which
 #              configurations and peers; CHALLENGE_TIMEOUT, 420 s): both
 #              compression modes (auto must give off's categories), the peers,
-#              the first layers against the card's floor, the converged layers
+#              the first layers against the card's floor, the converged layers;
+#              with BASELINE=DIR (an older tree, e.g. from `git archive`), that
+#              tree's bench first (BASELINE_ARGS, default --challenge) on the
+#              same stores, for a comparison on one card in one call
 #   models     `spdnn bench --models` of the shipped pruned MNIST classifiers:
 #              cuda against PyTorch dense (cuBLAS), torch.sparse and onnxruntime
 #              (CPU) at 1000 and MODEL_IMAGES (60000) images, then (MODELS_CPU=1)
@@ -57,6 +60,10 @@ for step in $steps; do
          "models answer profile; see --help)" >&2; exit 2 ;;
   esac
 done
+if [[ -n ${BASELINE:-} && ! -f ${BASELINE}/spdnn_mpi/__init__.py ]]; then
+  echo "device_run: BASELINE=$BASELINE is not a tree of this project (no spdnn_mpi/)" >&2
+  exit 2
+fi
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -133,6 +140,15 @@ smsp__inst_executed_op_global_st.sum,smsp__inst_executed_op_global_ld.sum \
 fi
 
 if [[ $steps == *challenge* ]]; then
+  if [[ -n ${BASELINE:-} ]]; then
+    # the older tree first, on the same card and stores (its peers off: they only check)
+    # shellcheck disable=SC2086
+    (cd "$BASELINE" && PYTHONPATH="${PYTHONPATH/$root/$PWD}" timeout \
+      "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
+      ${BASELINE_ARGS:---challenge} --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
+      --json "$out/bench_baseline.json" 2>&1 | tee "$out/bench_baseline.log")
+    note "baseline ($BASELINE) challenge bench rc=${PIPESTATUS[0]}"
+  fi
   # CHALLENGE_ARGS: which configurations and peers (default: all 12, both peers)
   # shellcheck disable=SC2086
   timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
@@ -183,6 +199,7 @@ report "$out/bench_real.log"
 for f in "$out"/profile_*.log; do
   [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -E 'x\(|profiled|Duration|dram__bytes|lts__t_sectors|inst_executed_op|DRAM Throughput|Warp Cycles Per Issued' "$f"; }
 done
+report "$out/bench_baseline.log"
 report "$out/bench_challenge.log"
 for f in "$out"/bench_models_*.log; do
   [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -A 6 -E '^ *sparsity%' "$f"; }
