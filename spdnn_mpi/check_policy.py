@@ -84,11 +84,14 @@ class CheckPolicy:
         self._gain: float | None = None  # fraction of the held rows the last check merged
         self._per_value: float | None = None  # a check's measured cost per held value
         self._looks = 0
+        self._one_time = 0.0  # the backend's one-time seconds at the last look
 
-    def start(self, clock: float, live: int) -> None:
-        """The batch's layers start at ``clock`` (seconds) on ``live`` rows."""
+    def start(self, clock: float, live: int, one_time: float = 0.0) -> None:
+        """The batch's layers start at ``clock`` (seconds) on ``live`` rows;
+        ``one_time``: the backend's ``one_time_seconds`` then."""
         self._start = clock
         self._last = (0, clock, live)
+        self._one_time = one_time
 
     def _elapsed(self, layers_done: int) -> float:
         """Estimated run time after ``layers_done`` layers (from the last look on)."""
@@ -104,11 +107,14 @@ class CheckPolicy:
             return True  # free, or the first look: nothing is measured yet
         return self._looks_spent + self.costs.look <= LOOK_SHARE * self._total(layers_done)
 
-    def observe(self, layers_done: int, clock: float, live: int) -> None:
-        """A look after ``layers_done`` layers: the clock (the device done) and live rows."""
+    def observe(self, layers_done: int, clock: float, live: int, one_time: float = 0.0) -> None:
+        """A look after ``layers_done`` layers: the clock (the device done), live rows
+        and the backend's ``one_time_seconds`` (graph captures: not the layers' time)."""
         done, before, live_before = self._last
         layers = max(1, layers_done - done)
-        stalls = self._check_seconds + (self.costs.look if done else 0.0)  # not layers'
+        stalls = (self._check_seconds + (self.costs.look if done else 0.0)
+                  + max(0.0, one_time - self._one_time))  # not the layers' time
+        self._one_time = one_time
         self._layer_seconds = max(0.0, clock - before - stalls) / layers
         self._fall = 1.0 - (live / live_before) ** (1.0 / layers) if live_before else 0.0
         self._check_seconds = 0.0
@@ -181,7 +187,7 @@ class BatchChecks:
     def start(self, live: int) -> None:
         """The layers start now, on ``live`` rows (the device idle)."""
         if self.policy is not None:
-            self.policy.start(time.perf_counter(), live)
+            self.policy.start(time.perf_counter(), live, self.backend.one_time_seconds())
 
     def at_checkpoint(self, layers_done: int, width: int) -> None:
         """After ``layers_done`` layers of ``width`` outputs: check, or cut the queue."""
@@ -189,17 +195,19 @@ class BatchChecks:
             check = layers_done in self._replay.layers
         elif self.compressor.due(layers_done) and self.policy.wants_look(layers_done):
             live = self.backend.live_count()
-            self.policy.observe(layers_done, time.perf_counter(), live)
+            self.policy.observe(layers_done, time.perf_counter(), live,
+                                self.backend.one_time_seconds())
             check = self.policy.wants_check(layers_done, width)
         else:
             check = False
         if not check:
             self.backend.flush()
             return
-        t0 = time.perf_counter()
+        t0, once = time.perf_counter(), self.backend.one_time_seconds()
         groups = self.backend.merge_duplicate_rows()
         if self.policy is not None:
-            self.policy.checked(layers_done, time.perf_counter() - t0, groups.rows_before,
+            seconds = time.perf_counter() - t0 - (self.backend.one_time_seconds() - once)
+            self.policy.checked(layers_done, seconds, groups.rows_before,
                                 groups.representatives, width)
         self.compressor.record(layers_done, groups)
         self._checked.append(layers_done)

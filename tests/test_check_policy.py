@@ -133,6 +133,20 @@ def test_looks_stay_within_their_share_on_short_runs():
     assert not policy.wants_look(2)  # a second 20 us look is more than 1 % of 3 ms
 
 
+def test_one_time_host_work_is_not_taken_for_layer_time():
+    """A graph captured between two looks (the device idle meanwhile) does not make
+    the layers look slower: 5 us layers stay too small to check after."""
+    seen = {}
+    for captured in (0.0, 0.05):
+        policy = CheckPolicy(CUDA_LIKE, 480)
+        policy.start(0.0, 60000, one_time=1.0)
+        policy.observe(1, 25e-6, 60000, one_time=1.0)
+        policy.observe(2, 25e-6 + CUDA_LIKE.look + 5e-6 + captured, 60000,
+                       one_time=1.0 + captured)
+        seen[captured] = (policy._layer_seconds, policy.wants_check(2, 1024))
+    assert seen[0.0] == pytest.approx(seen[0.05]) and seen[0.05] == (pytest.approx(5e-6), False)
+
+
 def test_free_checks_always_check():
     policy = CheckPolicy(CheckCosts(), 10)
     policy.start(0.0, 10)

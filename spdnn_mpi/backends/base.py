@@ -84,6 +84,11 @@ class Backend(ABC):
         """Start the queued layers now without waiting (called at every checkpoint
         that does not merge, so queued work is cut at the same layers in every run)."""
 
+    def one_time_seconds(self) -> float:
+        """Host seconds spent so far on one-time work that the device waited for
+        (CUDA graph captures): a measured layer time leaves them out."""
+        return 0.0
+
     def max_batch_rows(self, width: int) -> int | None:
         """Most rows whose features fit this backend's memory at this width (None: no limit)."""
         return None

@@ -165,6 +165,10 @@ class CudaBackend(Backend):
         self._track_peak()
         return groups
 
+    def one_time_seconds(self) -> float:
+        """Host seconds spent capturing CUDA graphs, the device idle meanwhile."""
+        return self._queue.capture_seconds
+
     def live_count(self) -> int:
         """Rows alive after the last layer run (waits for the device)."""
         self._queue.flush()

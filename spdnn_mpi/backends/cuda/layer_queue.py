@@ -5,6 +5,7 @@ them; the gather that ends a batch. Host logic, tested with fakes on any machine
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ class LayerQueue:
         self.pending: list[tuple[int, bool]] = []  # (layer, drop dead rows) not launched yet
         self.held = 0  # > 0: at most this many rows (one tile) held since a merge
         self.merging = False  # merges ran: graphs are captured in every held-rows form
+        self.capture_seconds = 0.0  # host time capturing graphs, the device idle meanwhile
 
     def attach(self, module: Any, layers: list[LayerLaunch]) -> None:
         """A new network: its layers and the module's loop kernels; no graph kept."""
@@ -93,12 +95,14 @@ class LayerQueue:
         if todo and cache.on:
             graph = cache.get(self._key(todo, self.held, gather))
             if graph is None:
+                t0 = time.perf_counter()
                 with self._device, self._stream:
                     graph = self._capture(todo, self.held, gather)
                     # every form while merging, so a timed run captures nothing
                     for held in (0, *lay.ELL_ROWS) if self.merging else ():
                         if held != self.held:
                             self._capture(todo, held, gather)
+                self.capture_seconds += time.perf_counter() - t0
             if graph is not None:
                 with self._device:  # the stream is named: no current-stream switch
                     graph.launch(stream=self._stream)
