@@ -104,7 +104,8 @@ def run_inference(
         t0 = time.perf_counter()
         input_seconds += t0 - t_in
         checks = None
-        if compress == "auto":
+        # a network too short for any checkpoint runs as off does (3-layer models on a GPU)
+        if compress == "auto" and n_layers - 1 >= backend.check_min_layers_left:
             key = (part.first_row, part.n_rows)
             checks = BatchChecks(backend, part.n_rows, n_layers,
                                  plans.get(key) if plans is not None else None)
@@ -124,7 +125,8 @@ def run_inference(
             plans.setdefault(key, checks.plan())
         if comp is not None:
             alive_rows, batch_features = comp.expand(alive_rows, batch_features)
-            events.append(comp.summary())
+        if compress == "auto":
+            events.append(comp.summary() if comp is not None else [])
         seconds += time.perf_counter() - t0
         n_batches += 1
         live += np.asarray(res.live_per_layer, dtype=np.int64)
