@@ -147,9 +147,13 @@ class Store(StoredInputs, StoredAnswers):
             raise StoreError(f"{self.path}: layer {k + 1} asked for, store has {self.n_layers}")
         return self._layers.attrs(k)
 
+    def _check(self, k: int, attrs: dict, arrays) -> Layer:
+        """Layer ``k`` built from its attributes and arrays, every rule checked."""
+        return validate.check_layer(f"{self.path}: network/{layer_key(k)}", attrs, *arrays)
+
     def _checked(self, k: int, attrs: dict, arrays) -> Layer:
         t0 = time.perf_counter()
-        layer = validate.check_layer(f"{self.path}: network/{layer_key(k)}", attrs, *arrays)
+        layer = self._check(k, attrs, arrays)
         self._timed(t0)
         return layer
 
@@ -165,10 +169,8 @@ class Store(StoredInputs, StoredAnswers):
             return [self._checked(k, attrs, arrays) for k, (attrs, arrays) in enumerate(parts)]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
-            layers = list(pool.map(
-                lambda item: validate.check_layer(f"{self.path}: network/{layer_key(item[0])}",
-                                                  item[1][0], *item[1][1]),
-                enumerate(parts)))
+            layers = list(pool.map(lambda item: self._check(item[0], *item[1]),
+                                   enumerate(parts)))
         self._timed(t0)
         return layers
 
