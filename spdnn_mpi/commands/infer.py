@@ -235,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     from spdnn_mpi.commands.options import STDOUT, json_file
     from spdnn_mpi.driver import RunOptions, distributed_infer
     from spdnn_mpi.errors import SpdnnError
+    from spdnn_mpi.formats.tsv.write import categories_text
     from spdnn_mpi.readout import compare_categories
     from spdnn_mpi.report import process_seconds
     from spdnn_mpi.util.progress import stderr_lines
@@ -270,7 +271,8 @@ def run(args: argparse.Namespace) -> int:
             report.check = compare_categories(report.categories, np.asarray(report.truth))
             status = 0 if report.check["passed"] else 1
         t0 = time.perf_counter()
-        write_results(args.out, report.categories, None)
+        if args.out:
+            write_results(args.out, categories_text(report.categories))
         write_report(args, report, time.perf_counter() - t0)
         return status
 
@@ -282,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
 def finish_argmax(args: argparse.Namespace, report) -> int:
     """Rank 0 on an argmax store: check, score, write the predictions and the report
     (the reference predictions and labels were read when the run started)."""
+    from spdnn_mpi.formats.tsv.write import predictions_text
     from spdnn_mpi.readout import accuracy, compare_predictions
 
     status = 0
@@ -294,32 +297,23 @@ def finish_argmax(args: argparse.Namespace, report) -> int:
                            "correct": int(np.count_nonzero(predictions == labels)),
                            "images": int(len(labels))}
     t0 = time.perf_counter()
-    write_results(args.out, None, predictions)
+    if args.out:
+        write_results(args.out, predictions_text(predictions))
     write_report(args, report, time.perf_counter() - t0)
     return status
 
 
-def write_results(out: str | None, categories, predictions) -> None:
-    """The categories (or an argmax store's predictions) to ``--out``: a file written
-    atomically, or standard output for '-'."""
+def write_results(out: str, text: bytes) -> None:
+    """The results' lines to ``--out``: a file written atomically (gzip for .gz), or
+    standard output for '-'."""
     from spdnn_mpi.commands.options import STDOUT
-    from spdnn_mpi.formats.tsv.write import (
-        categories_text,
-        predictions_text,
-        write_categories,
-        write_predictions,
-    )
+    from spdnn_mpi.formats.tsv.write import write_text
 
-    if out is None:
-        return
     if out == STDOUT:
-        text = categories_text(categories) if predictions is None else predictions_text(predictions)
         sys.stdout.write(text.decode())
         sys.stdout.flush()
-    elif predictions is None:
-        write_categories(out, categories)
     else:
-        write_predictions(out, predictions)
+        write_text(out, text)
 
 
 def write_report(args: argparse.Namespace, report, write_seconds: float) -> None:

@@ -136,15 +136,10 @@ def predictions_text(classes: np.ndarray) -> bytes:
 
 def write_categories(path: str | os.PathLike, ids: np.ndarray) -> None:
     """Write sorted 1-based image ids, one per line, atomically."""
-    _write_lines(path, categories_text(ids))
+    write_text(path, categories_text(ids))
 
 
-def write_predictions(path: str | os.PathLike, classes: np.ndarray) -> None:
-    """Write ``image_id<TAB>class`` lines (1-based id, 0-based class), atomically."""
-    _write_lines(path, predictions_text(classes))
-
-
-def _write_lines(path: str | os.PathLike, text: bytes) -> None:
+def write_text(path: str | os.PathLike, text: bytes) -> None:
     """``text`` to ``path`` atomically, gzip-compressed when the name ends in .gz."""
     path = Path(path)
     with atomic_path(path) as tmp:
