@@ -172,6 +172,7 @@ class RunReport:
             "compression": self.compression, "imbalance": self.imbalance,
             "live_rows_per_layer": self.live_rows_per_layer, "layer_seconds": self.layer_seconds,
             "categories_count": int(len(self.categories)), "per_rank": self.per_rank,
+            "startup_seconds": self.startup_seconds,
             "machine": self.machine,
         }
         for key in ("input_seconds", "load_seconds", "validate_seconds", "device_seconds",

@@ -325,7 +325,6 @@ def write_report(args: argparse.Namespace, report, write_seconds: float) -> None
     summary = report.to_json()
     summary["write_seconds"] = write_seconds
     summary["end_to_end_seconds"] = process_seconds()
-    summary["startup_seconds"] = report.startup_seconds
     timed = ("startup_seconds", "load_seconds", "device_seconds", "layout_seconds",
              "compile_seconds", "warm_up_seconds", "input_seconds", "inference_seconds",
              "write_seconds")

@@ -83,6 +83,7 @@ class PackedWriter:
         self._table = network.create_dataset("layers", shape=(0,), maxshape=(None,),
                                              dtype=TABLE_DTYPE, chunks=(1024,))
         self._sizes = dict.fromkeys(DATASETS, 0)
+        self._made: set[str] = set()  # datasets created (an HDF5 lookup costs 40 us)
         self._held: dict[str, list[np.ndarray]] = {name: [] for name in DATASETS}
         self._held_bytes = 0
         self._rows: list = []
@@ -90,11 +91,12 @@ class PackedWriter:
     def _append(self, name: str, data: np.ndarray) -> int:
         """Hold ``data`` for dataset ``name`` (made on first use); its start."""
         start = self._sizes[name]
-        if not self._held[name] and name not in self._group:
+        if name not in self._made:
             low, high = CHUNK_RANGE
             chunk = min(high, max(low, 1 << max(0, len(data) - 1).bit_length()))
             self._group.create_dataset(name, shape=(0,), maxshape=(None,),
                                        dtype=DATASETS[name], chunks=(chunk,))
+            self._made.add(name)
         if len(data):
             data = np.ascontiguousarray(data, dtype=DATASETS[name])
             self._held[name].append(data)
