@@ -39,7 +39,10 @@ def test_infer_writes_categories_and_report(small_store, tmp_path, backend, caps
     # where the time went, up to the file written: every phase, and the whole process
     phases = ("load_seconds", "layout_seconds", "compile_seconds", "warm_up_seconds",
               "input_seconds", "inference_seconds", "write_seconds")
-    assert all(report[key] >= 0 for key in phases) and report["kernels_compiled"] is False
+    assert all(report[key] >= 0 for key in phases)
+    # numba's kernels: compiled into an empty cache, else loaded from it; none for the reference
+    assert report["kernels_compiled"] in ((False,) if backend == "reference" else (True, False))
+    assert (report["compile_seconds"] > 0) == (backend != "reference")
     assert report["end_to_end_seconds"] >= sum(report[key] for key in phases)
     # and the rest: Python and the imports, finding the device, and what no phase holds
     rest = ("startup_seconds", "device_seconds", "other_seconds")

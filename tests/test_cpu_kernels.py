@@ -9,17 +9,14 @@ import pytest
 from conftest import random_network
 
 from spdnn_mpi.backends.cpu import kernels as k
+from spdnn_mpi.backends.cpu.dispatch import layer_entry
 
 T = k.TILE_ROWS
 
 
 def _layer_args(layer):
-    uniform = layer.values is None
-    values = (np.array([layer.uniform_value], np.float32) if uniform
-              else np.asarray(layer.values, np.float32))
-    return (np.ascontiguousarray(layer.indptr, dtype=np.int64), np.ascontiguousarray(layer.indices),
-            values, uniform, layer.bias_vector().astype(np.float32), np.float32(layer.floor),
-            np.float32(np.inf if layer.clip is None else layer.clip))
+    """The arguments the backend passes for ``layer`` (no shared sums), after the rows."""
+    return layer_entry(layer, None)[:7]
 
 
 @pytest.mark.parametrize("uniform", [True, False])
@@ -161,6 +158,7 @@ def test_backend_with_shared_sums_gives_the_same_bits(compress, distinct, monkey
     auto) merge down to a few rows of one tile: the same survivors and final
     features, bit for bit; the ids are the reference's."""
     from spdnn_mpi.backends.cpu import backend as cpu_backend
+    from spdnn_mpi.backends.cpu import share as cpu_share
     from spdnn_mpi.check_policy import CheckCosts
     from spdnn_mpi.engine import run_inference
     from spdnn_mpi.model import Network, SparseRows
@@ -178,7 +176,7 @@ def test_backend_with_shared_sums_gives_the_same_bits(compress, distinct, monkey
     results = []
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(cpu_backend, "shared_inputs_all",
+            monkeypatch.setattr(cpu_share, "shared_inputs_all",
                                 lambda layers, threads=None: [None] * len(layers))
         backend = cpu_backend.CpuBackend()
         backend.check_costs = CheckCosts()  # free: every checkpoint merges (the kernels' test)

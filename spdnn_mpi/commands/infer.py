@@ -118,7 +118,7 @@ def compile_words(report: dict) -> str:
     """What the kernels cost this run: compiled (and how long), or loaded from a cache."""
     if report.get("kernels_compiled"):
         return f"kernels compiled {report['compile_seconds']:.3f} s, "
-    if report["backend"] == "cuda":
+    if report["backend"] in ("cuda", "cpu"):  # the reference backend has no kernels
         return f"kernels from the cache {report['compile_seconds']:.3f} s, "
     return ""
 

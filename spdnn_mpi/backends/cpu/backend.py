@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from spdnn_mpi.backends.base import Backend, BatchResult
-from spdnn_mpi.backends.cpu.share import shared_inputs_all
 from spdnn_mpi.check_policy import CheckCosts
 from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.model import Layer, SparseRows
@@ -31,11 +30,16 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, threads: int | None = None, memory_fraction: float = 0.5) -> None:
+        t0 = time.perf_counter()  # numba's import: part of what the kernels cost
         import numba
 
+        from spdnn_mpi.backends.cpu import dispatch, share
         from spdnn_mpi.backends.cpu import kernels as cpu_kernels
 
         self._k = cpu_kernels
+        self._dispatch = dispatch
+        self._shared_inputs_all = share.shared_inputs_all
+        self._calls = dispatch.KernelCalls(seconds=time.perf_counter() - t0)
         if threads is not None:
             numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.threads = numba.get_num_threads()
@@ -44,30 +48,27 @@ class CpuBackend(Backend):
         self.tile_rows = cpu_kernels.TILE_ROWS
         self._cur: np.ndarray | None = None
         self._spare: np.ndarray | None = None
+        self._prepared = False
+        self._compile = (0.0, False)  # the last network's kernel calls: (seconds, compiled)
 
     # -- network -----------------------------------------------------------
+    def prepare_kernels(self, layers: Sequence[Layer]) -> None:
+        """Compile (or load from numba's disk cache) the kernels these layers need."""
+        self._calls.for_layers(layers)
+        self._prepared = True
+
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:
         """Keep references to the layers in the kernels' dtypes, and find the outputs
         that share input lists (``share``: all layers at once, over the threads)."""
-        self._layers = []
-        width = 0
-        shares = shared_inputs_all(layers, self.threads)
-        for lay, share in zip(layers, shares):
-            uniform = lay.values is None
-            self._layers.append((
-                np.ascontiguousarray(lay.indptr, dtype=np.int64),
-                np.ascontiguousarray(lay.indices),  # uint16 stays uint16: no 2x copy
-                np.array([lay.uniform_value], np.float32) if uniform
-                else np.asarray(lay.values, np.float32),
-                uniform,
-                np.ascontiguousarray(lay.bias_vector(), dtype=np.float32),
-                np.float32(lay.floor),
-                np.float32(np.inf if lay.clip is None else lay.clip),
-                lay.n_out,
-                share,
-            ))
-            width = max(width, lay.n_in, lay.n_out)
-        self.width = width
+        if not self._prepared:
+            self._calls.for_layers(layers)
+        self._prepared = False
+        shares = self._shared_inputs_all(layers, self.threads)
+        self._layers = [self._dispatch.layer_entry(lay, share)
+                        for lay, share in zip(layers, shares)]
+        self._calls.for_entries(self._layers)  # a kind the layers' first look missed
+        self._compile = self._calls.take()
+        self.width = max(max(lay.n_in, lay.n_out) for lay in layers) if layers else 0
 
     # -- features ----------------------------------------------------------
     def load_features(self, rows: SparseRows, drop_empty: bool) -> None:
@@ -110,22 +111,10 @@ class CpuBackend(Backend):
         self._layer_seconds.append(time.perf_counter() - t0)
 
     def _run_layer(self, k: int, drop_dead: bool) -> None:
-        indptr, indices, vals, uniform, bias, floor, clip, n_out, share = self._layers[k]
-        few = self._n_tiles <= 1 and self._n_active <= self._k.FEW_ROWS
-        if share is not None and self._n_tiles > 1:  # one sum per input list
-            self._k.layer_tiles_shared(self._cur, self._spare, self._n_tiles, *share, vals[0],
-                                       bias, floor, clip, self._alive)
-        elif share is not None:  # one tile: only the rows held, on this thread
-            kernel = self._k.layer_few_rows_shared if few else self._k.layer_rows_shared
-            kernel(self._cur, self._spare, self._n_active, *share, vals[0], bias, floor, clip,
-                   self._alive)
-        elif self._n_tiles > 1:
-            self._k.layer_tiles(self._cur, self._spare, self._n_tiles, indptr, indices, vals,
-                                uniform, bias, floor, clip, self._alive)
-        else:  # one tile: only the rows held, on this thread
-            kernel = self._k.layer_few_rows if few else self._k.layer_rows
-            kernel(self._cur, self._spare, self._n_active, indptr, indices, vals, uniform, bias,
-                   floor, clip, self._alive)
+        entry = self._layers[k]
+        kernel, args = self._dispatch.layer_kernel(entry, self._n_tiles, self._n_active)
+        kernel(self._cur, self._spare, *args, self._alive)
+        n_out = entry[7]
         self._cur, self._spare = self._spare, self._cur
         self._cur_width = n_out
         alive = self._alive[: self._n_active]
@@ -201,6 +190,8 @@ class CpuBackend(Backend):
             "kernel": "numba fused gather/bias/activation/clip/alive, neuron-major tiles",
             # uniform layers whose outputs share input lists: one sum per list
             "shared_sum_layers": sum(entry[-1] is not None for entry in self._layers),
+            "compile_seconds": round(self._compile[0], 4),
+            "kernels_compiled": self._compile[1],
         }
 
 

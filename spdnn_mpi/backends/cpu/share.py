@@ -156,22 +156,37 @@ def _share_layer(rows, words, row_bytes):
     return reps, members, member_ptr
 
 
-def _rows(layer: Layer) -> np.ndarray | None:
-    """The layer's input lists as an (n_out, degree) array when it may share sums: uniform
-    values, the same degree for every output, two outputs or more; else None."""
-    d = layer.row_degree
-    if layer.values is None and d and layer.n_out >= 2:
-        return np.ascontiguousarray(np.asarray(layer.indices).reshape(layer.n_out, d))
-    return None
+def _word_bytes(row_bytes: int) -> int:
+    """The widest unsigned word (up to 8 bytes) that divides a row of ``row_bytes``."""
+    return next(size for size in (8, 4, 2, 1) if row_bytes % size == 0)
 
 
 def _words(rows: np.ndarray) -> np.ndarray:
-    """Each row's bytes as the widest unsigned words that divide them (up to 8 bytes)."""
+    """Each row's bytes as the widest unsigned words that divide them."""
     n_bytes = rows.shape[1] * rows.itemsize
-    for size in (8, 4, 2, 1):
-        if n_bytes % size == 0:
-            return rows.view(np.dtype(f"u{size}")).reshape(len(rows), n_bytes // size)
-    raise AssertionError("unreachable")  # pragma: no cover - size 1 always divides
+    size = _word_bytes(n_bytes)
+    return rows.view(np.dtype(f"u{size}")).reshape(len(rows), n_bytes // size)
+
+
+def _shared_degree(layer: Layer) -> int:
+    """The layer's degree where it may share sums (uniform values, the same degree for
+    every output, two outputs or more), else 0."""
+    if layer.values is None and layer.n_out >= 2:
+        return layer.row_degree or 0
+    return 0
+
+
+def share_word_bytes(layer: Layer) -> int:
+    """0 where ``layer`` cannot share sums, else the word its rows are hashed in: with
+    the indices' dtype, what decides the signature of the kernels that look."""
+    d = _shared_degree(layer)
+    return _word_bytes(d * np.asarray(layer.indices).itemsize) if d else 0
+
+
+def _rows(layer: Layer) -> np.ndarray | None:
+    """The layer's input lists as an (n_out, degree) array when it may share sums."""
+    d = _shared_degree(layer)
+    return np.ascontiguousarray(np.asarray(layer.indices).reshape(layer.n_out, d)) if d else None
 
 
 def _share(layer: Layer) -> tuple | None:
