@@ -28,7 +28,7 @@ from spdnn_mpi.readout import classes_of_rows
 from spdnn_mpi.report import RunReport, merge_events
 from spdnn_mpi.util import outputs
 from spdnn_mpi.util.memory import peak_host_bytes
-from spdnn_mpi.util.progress import Progress
+from spdnn_mpi.util.progress import Progress, note_if_slow
 
 
 @dataclass
@@ -183,15 +183,17 @@ def gpu_uuid(device: int) -> str:
     return bytes(props.get("uuid", b"")).hex() or f"index-{device}"
 
 
-def prepare_backend(backend_name: str, options: dict, data: RankData,
-                    compile_now: bool) -> tuple[Backend, float]:
+def prepare_backend(backend_name: str, options: dict, data: RankData, compile_now: bool,
+                    emit: Callable[[str], None] | None = None) -> tuple[Backend, float]:
     """Step 4, on every rank: build the backend; where ``compile_now`` (the first rank
     of each node) also compile its kernels, so the node's other ranks load them from
     the disk cache instead of all compiling at once. (backend, seconds)."""
     t0 = time.perf_counter()
-    backend = make_backend(backend_name, **options)
-    if compile_now:
-        backend.prepare_kernels(data.network.layers)
+    with note_if_slow(emit, "compiling the kernels (once: later runs load them from "
+                            "the cache)"):
+        backend = make_backend(backend_name, **options)
+        if compile_now:
+            backend.prepare_kernels(data.network.layers)
     return backend, time.perf_counter() - t0
 
 
@@ -243,7 +245,7 @@ def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
     data.device_seconds = time.perf_counter() - t_device
     first_on_node = node.local_rank == 0
     backend, prepare_seconds = mpi.run_phase(comm, lambda: prepare_backend(
-        backend_name, options, data, first_on_node))
+        backend_name, options, data, first_on_node, opts.emit if rank == 0 else None))
     layout_seconds, warm_up_seconds = mpi.run_phase(comm, lambda: lay_out(
         backend, plan, data, opts, opts.emit if rank == 0 else None))
     layout_seconds += prepare_seconds

@@ -10,7 +10,7 @@ from spdnn_mpi.cli import main
 from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.reference import reference_categories, reference_categories_at
 from spdnn_mpi.util import memory
-from spdnn_mpi.util.progress import Progress, format_seconds
+from spdnn_mpi.util.progress import Progress, format_seconds, note_if_slow
 
 
 def test_progress_lines_rate_limited_with_rate_and_time_left():
@@ -50,6 +50,21 @@ def test_progress_quiet_prints_nothing():
     bar = Progress("x", 3, None)
     bar(1), bar(3), bar.note("hello")
     assert not bar.enabled
+
+
+def test_a_slow_wait_is_explained_and_a_quick_one_is_not():
+    import threading
+
+    lines: list[str] = []
+    said = threading.Event()
+    with note_if_slow(lambda line: (lines.append(line), said.set()), "compiling", after=0.01):
+        assert said.wait(5.0)  # the block outlives ``after``: the note comes while it runs
+    with note_if_slow(lines.append, "quick", after=0.5):
+        pass
+    with note_if_slow(None, "quiet", after=0.0):
+        pass
+    threading.Event().wait(0.7)  # past the quick block's ``after``: its timer was stopped
+    assert lines == ["compiling"]
 
 
 def test_format_seconds():

@@ -9,9 +9,11 @@ cheap to call once per layer: it reads the clock and prints at most every
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 Emit = Callable[[str], None]  # where one finished line of progress text goes
 
@@ -23,6 +25,23 @@ def stderr_lines(prefix: str) -> Emit:
         print(f"{prefix}: {line}", file=sys.stderr, flush=True)
 
     return emit
+
+
+@contextlib.contextmanager
+def note_if_slow(emit: Emit | None, text: str, after: float = 2.0) -> Iterator[None]:
+    """Emit ``text`` if the block still runs ``after`` seconds in: a one-off wait
+    (compiling kernels into an empty cache) is explained, a usual short one stays
+    quiet. ``emit`` None: nothing."""
+    if emit is None:
+        yield
+        return
+    timer = threading.Timer(after, emit, args=(text,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def format_seconds(seconds: float) -> str:

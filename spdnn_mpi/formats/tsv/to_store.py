@@ -67,10 +67,10 @@ def prepare_store(
     SpdnnError/InputFormatError and leave no file under ``out``.
     """
     from spdnn_mpi.formats.store.writer import StoreWriter
-    from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers
+    from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers, warm_kernels
     from spdnn_mpi.model import challenge_bias
     from spdnn_mpi.util.outputs import check_outputs
-    from spdnn_mpi.util.progress import Progress, stderr_lines
+    from spdnn_mpi.util.progress import Progress, note_if_slow, stderr_lines
 
     weights = Path(weights)
     out = Path(out)
@@ -114,6 +114,10 @@ def prepare_store(
     _log(progress, f"{count} layers of N={neurons} from {weights} -> {out}"
                    + (f" ({jobs} {how})" if jobs > 1 else ""))
     kept = []
+    with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
+                      "compiling the TSV parser's kernels (once: later runs load them "
+                      "from numba's cache)"):
+        warm_kernels()  # here, not in the first layer's time nor each worker's
     # the workers start (fork) before the store is opened, and stop after it is closed
     with LayerReader(source, bias=bias, clip=clip, jobs=jobs, near=out) as reader, \
             StoreWriter(out, provenance) as writer:
