@@ -235,7 +235,8 @@ class LayerReader:
     kernels run without the GIL (sending the bytes to processes cost more than the
     parse). Use as a context manager, which stops the workers and drops the scratch
     folder on the way out, also on errors and interrupts. ``near``: the output,
-    beside which early layers may wait."""
+    beside which early layers may wait. Call :func:`warm_kernels` first, so the
+    workers start with the parser's kernels instead of each loading them."""
 
     def __init__(self, source, *, bias: float, clip: float | None, jobs: int,
                  near: str | os.PathLike) -> None:
@@ -253,12 +254,10 @@ class LayerReader:
         if self.jobs > 1 and getattr(self.source, "in_memory", False):
             from concurrent.futures import ThreadPoolExecutor
 
-            warm_kernels()  # compiled kernels loaded once, not by each thread at once
             self._threads = ThreadPoolExecutor(self.jobs, thread_name_prefix="spdnn-parse")
         elif self.jobs > 1:
             from spdnn_mpi.util.workers import WorkerPool
 
-            warm_kernels()
             self._pool = WorkerPool(_parse_batch, self.jobs)
         return self
 
