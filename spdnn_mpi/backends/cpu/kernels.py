@@ -127,6 +127,14 @@ def layer_rows(src, dst, n_rows, indptr, indices, values, uniform, bias, floor, 
 FEW_ROWS = 4
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _copy_row(src, r, x):
+    """Row ``r`` of the one tile held, copied out contiguous: the few-row kernels'
+    gathers then read one row that stays in L1."""
+    for i in range(src.shape[1]):
+        x[i] = src[0, i, r]
+
+
 @njit(cache=True, nogil=True)
 def layer_few_rows(src, dst, n_rows, indptr, indices, values, uniform, bias, floor, clip,
                    alive):
@@ -140,11 +148,9 @@ def layer_few_rows(src, dst, n_rows, indptr, indices, values, uniform, bias, flo
     n_out = len(indptr) - 1
     x = np.empty(src.shape[1], dtype=np.float32)
     acc = np.zeros(1, dtype=np.float32)
-    for r in range(TILE_ROWS):
-        alive[r] = False
+    alive[:TILE_ROWS] = False
     for r in range(n_rows):
-        for i in range(src.shape[1]):
-            x[i] = src[0, i, r]
+        _copy_row(src, r, x)
         peak = np.float32(0.0)
         for j in range(n_out):
             acc[0] = 0.0
@@ -231,11 +237,9 @@ def layer_few_rows_shared(src, dst, n_rows, rep_ptr, rep_indices, members, membe
     """``layer_few_rows`` of a uniform layer whose outputs share input lists."""
     x = np.empty(src.shape[1], dtype=np.float32)
     acc = np.zeros(1, dtype=np.float32)
-    for r in range(TILE_ROWS):
-        alive[r] = False
+    alive[:TILE_ROWS] = False
     for r in range(n_rows):
-        for i in range(src.shape[1]):
-            x[i] = src[0, i, r]
+        _copy_row(src, r, x)
         peak = np.float32(0.0)
         for g in range(len(rep_ptr) - 1):
             acc[0] = 0.0

@@ -192,6 +192,8 @@ def parse_block(buf, ncols, max_a, max_b, out_a, out_b, out_v, line0, blank0, er
                 p = te
             code = E_COLUMNS
             break
+        # the two id checks stay written out: an inlined helper returning (code, id)
+        # made the parse 13 % slower (prepare of 1920 real layers, 2026-12-05)
         ok, a = _parse_int(buf, s1, e1)
         fld = 1
         if not ok:
