@@ -5,6 +5,7 @@ tests/gpu has its own conftest (a package: ``gpu.conftest``) and helpers."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -219,3 +220,17 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser, by name, from the real ``spdnn`` parser."""
+    from spdnn_mpi.cli import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """A parser's documented options (hidden aliases left out), by spelling."""
+    return {s: a for a in p._actions for s in a.option_strings if a.help != argparse.SUPPRESS}

@@ -12,20 +12,11 @@ import shlex
 from pathlib import Path
 
 import pytest
+from conftest import options, subparsers
 
 from spdnn_mpi.cli import COMMAND_MODULES, SUBCOMMANDS, build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
-
-
-def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {s: a for a in p._actions for s in a.option_strings if a.help != argparse.SUPPRESS}
 
 
 #: same option name, different meaning on purpose

@@ -9,8 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import write_random_store
-from test_help import options, subparsers
+from conftest import options, subparsers, write_random_store
 
 from spdnn_mpi.cli import main
 
