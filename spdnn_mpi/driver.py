@@ -76,7 +76,7 @@ class RankData:
     stop: int
     load_seconds: float
     validate_seconds: float
-    device_seconds: float = 0.0  # finding the rank's GPU: CuPy's import, the driver's start
+    device_seconds: float = 0.0  # the backend's runtime: CuPy and the GPU driver, or numba
 
 
 def check_options(opts: RunOptions) -> None:
@@ -184,17 +184,20 @@ def gpu_uuid(device: int) -> str:
 
 
 def prepare_backend(backend_name: str, options: dict, data: RankData, compile_now: bool,
-                    emit: Callable[[str], None] | None = None) -> tuple[Backend, float]:
+                    emit: Callable[[str], None] | None = None
+                    ) -> tuple[Backend, float, float]:
     """Step 4, on every rank: build the backend; where ``compile_now`` (the first rank
     of each node) also compile its kernels, so the node's other ranks load them from
-    the disk cache instead of all compiling at once. (backend, seconds)."""
-    t0 = time.perf_counter()
+    the disk cache instead of all compiling at once. (backend, seconds building it:
+    its runtime's import and start, seconds compiling)."""
     with note_if_slow(emit, "compiling the kernels (once: later runs load them from "
                             "the cache)"):
+        t0 = time.perf_counter()
         backend = make_backend(backend_name, **options)
+        t1 = time.perf_counter()
         if compile_now:
             backend.prepare_kernels(data.network.layers)
-    return backend, time.perf_counter() - t0
+    return backend, t1 - t0, time.perf_counter() - t1
 
 
 def lay_out(backend: Backend, plan: RunPlan, data: RankData, opts: RunOptions,
@@ -244,8 +247,9 @@ def _run_steps(comm, node: mpi.NodeInfo, local, opts: RunOptions,
         mpi.run_phase(comm, lambda: mpi.check_gpu_sharing(node, uuids, opts.oversubscribe_gpus))
     data.device_seconds = time.perf_counter() - t_device
     first_on_node = node.local_rank == 0
-    backend, prepare_seconds = mpi.run_phase(comm, lambda: prepare_backend(
+    backend, built_seconds, prepare_seconds = mpi.run_phase(comm, lambda: prepare_backend(
         backend_name, options, data, first_on_node, opts.emit if rank == 0 else None))
+    data.device_seconds += built_seconds
     layout_seconds, warm_up_seconds = mpi.run_phase(comm, lambda: lay_out(
         backend, plan, data, opts, opts.emit if rank == 0 else None))
     layout_seconds += prepare_seconds

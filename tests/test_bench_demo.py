@@ -20,6 +20,23 @@ def tiny_store(tmp_path_factory):
     return path
 
 
+def test_cpu_kernels_cost_is_apart_from_the_layout_in_a_new_process(tiny_store, tmp_path):
+    """In a process that has not imported numba yet: the kernels' cost is reported apart
+    from the layout and inside the time the layout took (numba's import is neither)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "b.json"
+    run = subprocess.run([sys.executable, "-m", "spdnn_mpi", "bench", str(tiny_store),
+                          "--backend", "cpu", "--compress", "off", "--repeat", "1",
+                          "--json", str(out), "--quiet"], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    res = json.loads(out.read_text())["results"][0]
+    assert res["read_seconds"] > 0 and res["layout_seconds"] >= 0
+    assert res["compile_seconds"] > 0 and res["kernels_compiled"] in (True, False)
+
+
 def test_bench_store_with_graphblas_peer_and_simulated_ranks(tiny_store, tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", str(tiny_store), "--backend", "cpu", "--peer", "graphblas",

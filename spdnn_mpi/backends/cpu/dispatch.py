@@ -96,10 +96,10 @@ def _cache_misses() -> int:
 class KernelCalls:
     """The kernels called so far by this backend, and what calling them cost."""
 
-    def __init__(self, seconds: float = 0.0) -> None:
+    def __init__(self) -> None:
         self._kinds: set[tuple] = set()
         self._common = False
-        self.seconds = seconds  # from the start: importing numba and the kernels
+        self.seconds = 0.0
         self.compiled = False
 
     def for_layers(self, layers: Sequence[Layer]) -> None:
