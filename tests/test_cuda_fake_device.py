@@ -206,3 +206,22 @@ def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_l
                    "capture(", "layer_ell_smem<16,32,true>", ")",
                    "capture(", "layer_ell_smem<16,16,true>", ")", "graph"]
     assert backend.live_count() == 0
+
+
+def test_a_compile_is_seen_in_cupys_cache_folder(monkeypatch, tmp_path):
+    """Whether NVRTC ran is read off CuPy's cache folder: its own answer where CuPy
+    gives one, else CUPY_CACHE_DIR; a file added below the folder is a compile."""
+    from spdnn_mpi.backends.cuda import compile as comp
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "env"))
+    bare = types.SimpleNamespace(cuda=types.SimpleNamespace())  # no cuda.compiler
+    assert comp._cache_files(bare) == frozenset()  # no folder yet: nothing cached
+    before = comp._cache_files(bare)
+    (tmp_path / "env" / "sub").mkdir(parents=True)
+    (tmp_path / "env" / "sub" / "k.cubin").write_bytes(b"x")
+    assert comp._cache_files(bare) != before
+    told = types.SimpleNamespace(cuda=types.SimpleNamespace(compiler=types.SimpleNamespace(
+        get_cache_dir=lambda: str(tmp_path / "own"))))
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "a.cubin").write_bytes(b"x")
+    assert comp._cache_files(told) == frozenset({"a.cubin"})

@@ -46,12 +46,21 @@ def module_and_whether_compiled(device_id: int, names: Sequence[str],
     return mod, _cache_files(cupy) != before
 
 
+def _cache_dir(cupy) -> str:
+    """CuPy's kernel cache folder: its own answer where it gives one, else the folder
+    its documentation names (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``)."""
+    get = getattr(getattr(getattr(cupy, "cuda", None), "compiler", None), "get_cache_dir", None)
+    if callable(get):
+        return get()
+    return os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+
+
 def _cache_files(cupy) -> frozenset[str]:
-    """Names in CuPy's kernel cache folder (empty where it cannot be listed)."""
-    try:
-        return frozenset(os.listdir(cupy.cuda.compiler.get_cache_dir()))
-    except (AttributeError, OSError):
-        return frozenset()
+    """Files in CuPy's kernel cache folder and below it (empty where it cannot be
+    listed): a compile adds one."""
+    root = _cache_dir(cupy)
+    return frozenset(os.path.relpath(os.path.join(top, name), root)
+                     for top, _dirs, names in os.walk(root) for name in names)
 
 
 def kernel_names(degrees: set[int]) -> list[str]:
