@@ -49,10 +49,10 @@ def module_and_whether_compiled(device_id: int, names: Sequence[str],
 def _cache_dir(cupy) -> str:
     """CuPy's kernel cache folder: its own answer where it gives one, else the folder
     its documentation names (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``)."""
+    from spdnn_mpi.util.paths import cupy_cache_dir
+
     get = getattr(getattr(getattr(cupy, "cuda", None), "compiler", None), "get_cache_dir", None)
-    if callable(get):
-        return get()
-    return os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    return get() if callable(get) else str(cupy_cache_dir())
 
 
 def _cache_files(cupy) -> frozenset[str]:
