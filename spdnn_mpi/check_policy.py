@@ -144,10 +144,11 @@ class CheckPolicy:
         live = self._last[2]
         if self.costs == CheckCosts() or live == 0:
             return live > 0  # free checks always pay
-        if self._looks < 2:
-            return False  # the first look only measures (a check after layer 1 that
-            # found little would double the gap past layer 2, where the challenge
-            # networks' rows first collapse: 41 % of 60000 at N = 1024)
+        if self._looks < 3:
+            return False  # the first two looks only measure: the rows' fall over one
+            # layer says nothing of the fall to come (challenge networks: 60000 ->
+            # 59940 rows over layer 2, then 3120 by layer 10), and a check after
+            # layer 2 taken for 118 layers of savings lost at N = 1024 and 4096
         cost = self._check_estimate(live * width)
         most = self._saving_per_layer() * self._horizon(layers_done)  # were all rows merged
         expected = FIRST_GAIN if self._gain is None else max(self._gain, FIRST_GAIN)

@@ -64,14 +64,14 @@ def test_small_layers_never_pay_for_a_check(look):
     assert checked == []
 
 
-def test_heavy_layers_check_at_the_second_checkpoint():
-    """N = 65536: milliseconds a layer; the first look only measures, the second
+def test_heavy_layers_check_at_the_third_checkpoint():
+    """N = 65536: milliseconds a layer; the first two looks only measure, the third
     checks and, finding many duplicates, the next ones follow."""
     policy = CheckPolicy(CUDA_LIKE, 1920)
     checked = drive(policy, 1920, lambda k, r: 20e-6 + 2e-7 * r,
                     lambda k: 60000 if k < 1 else 55000,
                     lambda r: 150e-6 + 1e-7 * r, lambda k, r: max(1, int(r * 0.6)))
-    assert checked[:3] == [2, 4, 8]
+    assert checked[:3] == [4, 8, 12]
 
 
 def test_checks_wait_while_rows_die_fast():
@@ -84,13 +84,16 @@ def test_checks_wait_while_rows_die_fast():
     for done in (1, 2):
         clock += 0.01
         policy.observe(done, clock, live[done])
-    assert policy.wants_check(2, 4096)
-    policy.checked(2, 0.002, 50000, 30000, 4096)  # 40 % merged
+        assert not policy.wants_check(done, 4096)  # the first two looks only measure
+    clock += 0.02
+    policy.observe(4, clock, 50000)
+    assert policy.wants_check(4, 4096)
+    policy.checked(4, 0.002, 50000, 30000, 4096)  # 40 % merged
     clock += 0.002
     policy._unpaid = 1.0  # the exploring budget spent: only the gain can justify it
     clock += 2e-4
-    policy.observe(4, clock, 7500)  # 100 us layers, still dying fast: half a layer
-    assert not policy.wants_check(4, 4096)
+    policy.observe(8, clock, 7500)  # 100 us layers, still dying fast: half a layer
+    assert not policy.wants_check(8, 4096)
     clock += 8e-4
     policy.observe(12, clock, 7490)  # now steady
     assert policy.wants_check(12, 4096)
@@ -101,10 +104,11 @@ def test_a_check_that_found_nothing_is_not_repeated_outside_the_budget():
     policy.start(0.0, 5000)
     policy.observe(1, 1e-3, 5000)
     policy.observe(2, 2e-3, 5000)
-    assert policy.wants_check(2, 16384)
-    policy.checked(2, 4e-3, 5000, 5000, 16384)  # nothing merged, and it cost 4 layers
-    policy.observe(4, 8e-3, 5000)
-    assert not policy.wants_check(4, 16384)
+    policy.observe(4, 4e-3, 5000)
+    assert policy.wants_check(4, 16384)
+    policy.checked(4, 4e-3, 5000, 5000, 16384)  # nothing merged, and it cost 4 layers
+    policy.observe(8, 12e-3, 5000)
+    assert not policy.wants_check(8, 16384)
 
 
 def test_unproven_checks_stay_within_their_share():
