@@ -51,8 +51,10 @@ def _cache_dir(cupy) -> str:
     its documentation names (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``)."""
     from spdnn_mpi.util.paths import cupy_cache_dir
 
-    get = getattr(getattr(getattr(cupy, "cuda", None), "compiler", None), "get_cache_dir", None)
-    return get() if callable(get) else str(cupy_cache_dir())
+    try:
+        return cupy.cuda.compiler.get_cache_dir()
+    except AttributeError:  # no such function in this CuPy
+        return str(cupy_cache_dir())
 
 
 def _cache_files(cupy) -> frozenset[str]:
