@@ -83,6 +83,28 @@ def test_same_arrays_as_np_unique_on_every_kind_of_layer():
         assert_same(shared_inputs(layer), w)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("run_rows", [1 << 22, 700])
+def test_runs_of_layers_of_one_kind_in_one_buffer(threads, run_rows, monkeypatch):
+    """Layers of one kind back to back in one buffer (a packed store's), some sharing
+    too little among them, looked at in runs: each layer's own arrays, at any thread
+    count and wherever the runs are cut."""
+    from spdnn_mpi.backends.cpu import share
+
+    rng = np.random.default_rng(5)
+    made = [grouped_layer(rng, 500, 300, 8, 1 if k % 3 == 1 else 6, np.uint16)
+            for k in range(9)]
+    base = np.concatenate([layer.indices for layer in made])
+    layers = [Layer(lay.n_in, lay.n_out, lay.indptr, base[k * 2400:(k + 1) * 2400], None,
+                    lay.uniform_value, lay.bias, lay.clip) for k, lay in enumerate(made)]
+    assert all(layer.indices.base is base for layer in layers)
+    want = [unique_shared_inputs(layer) for layer in layers]
+    assert sum(w is None for w in want) == 3
+    monkeypatch.setattr(share, "RUN_ROWS", run_rows)
+    for got, w in zip(shared_inputs_all(layers, threads), want):
+        assert_same(got, w)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_same_arrays_on_random_groupings(seed):
     rng = np.random.default_rng(100 + seed)

@@ -9,7 +9,7 @@ import pytest
 from conftest import block_layer, fixed_degree_layer
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.model import Layer
+from spdnn_mpi.model import Layer, stacked_indices
 
 
 def test_kernel_sources_found_and_assembled():
@@ -194,7 +194,7 @@ def test_layers_of_a_packed_store_are_stacked_without_a_copy(tmp_path):
         w.write_inputs(SparseRows.from_dense(np.eye(3, 64, dtype=np.float32)))
     with Store(tmp_path / "s.h5") as st:
         read = st.network().layers
-    stacked = lay.stacked_indices(read)
+    stacked = stacked_indices(read)
     assert np.shares_memory(stacked, read[0].indices)  # one buffer, no copy
-    np.testing.assert_array_equal(stacked, lay.stacked_indices(layers))  # copied: the same
+    np.testing.assert_array_equal(stacked, stacked_indices(layers))  # copied: the same
     assert stacked.shape == (5, 64, 8)

@@ -18,11 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from spdnn_mpi.model import Layer
+from spdnn_mpi.model import Layer, stacked_indices
 from spdnn_mpi.util import jitcache
 
 jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
 
+#: Outputs of the layers looked at in one call.
+RUN_ROWS = 1 << 22
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SALT = np.uint64(0x2545F4914F6CDD1D)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -127,33 +129,47 @@ def _group_rows(words):
 
 
 @njit(cache=True, nogil=True)
-def _share_layer(rows, words, row_bytes):
-    """(distinct lists in byte order, members by list, member_ptr), or an empty
-    ``member_ptr`` when the layer shares too little (see :func:`shared_inputs_all`);
-    ``words`` and ``row_bytes``: the rows' bytes as words and as bytes."""
-    n, d = rows.shape
-    n_groups, group_of, heads = _group_rows(words)
-    if n_groups < 0:
-        return np.empty((0, d), rows.dtype), np.empty(0, np.int64), np.empty(0, np.int64)
+def _lists_of_layer(rows, row_bytes, group_of, heads, reps, members, member_ptr):
+    """Fill ``reps`` (the distinct lists in byte order), ``members`` (each list's
+    outputs in increasing order, list after list) and ``member_ptr`` of one layer
+    from its groups (``heads``: each group's first row)."""
+    n_groups = len(heads)
     order = _sort_rows(heads, row_bytes)  # head rows in byte order
     rank = np.empty(n_groups, dtype=np.int64)
     for i in range(n_groups):
         rank[group_of[order[i]]] = i
-    member_ptr = np.zeros(n_groups + 1, dtype=np.int64)
-    for r in range(n):
+    member_ptr[:] = 0
+    for r in range(len(rows)):
         member_ptr[rank[group_of[r]] + 1] += 1
     for g in range(n_groups):
         member_ptr[g + 1] += member_ptr[g]
     fill = member_ptr[:-1].copy()
-    members = np.empty(n, dtype=np.int64)
-    for r in range(n):  # ascending rows: each list's members in order
+    for r in range(len(rows)):  # ascending rows: each list's members in order
         g = rank[group_of[r]]
         members[fill[g]] = r
         fill[g] += 1
-    reps = np.empty((n_groups, d), dtype=rows.dtype)
     for i in range(n_groups):
         reps[i] = rows[order[i]]
-    return reps, members, member_ptr
+
+
+@njit(cache=True, nogil=True)
+def _share_layers(rows3, words3, bytes3):
+    """The shared input lists of layers of one shape: (lists per layer,
+    -1 where a layer shares too little; reps (layers, n_out // 2, degree), each layer's
+    distinct lists first; members (layers, n_out); member_ptr (layers, n_out // 2 + 2)).
+    Pages of ``reps`` past a layer's lists are never touched."""
+    n, n_out, d = rows3.shape
+    counts = np.empty(n, dtype=np.int64)
+    reps = np.empty((n, n_out // 2, d), dtype=rows3.dtype)
+    members = np.empty((n, n_out), dtype=np.int64)
+    member_ptr = np.empty((n, n_out // 2 + 2), dtype=np.int64)
+    for k in range(n):
+        n_groups, group_of, heads = _group_rows(words3[k])
+        counts[k] = n_groups
+        if n_groups >= 0:
+            _lists_of_layer(rows3[k], bytes3[k], group_of, heads, reps[k, :n_groups],
+                            members[k], member_ptr[k, :n_groups + 1])
+    return counts, reps, members, member_ptr
 
 
 def _word_bytes(row_bytes: int) -> int:
@@ -161,11 +177,11 @@ def _word_bytes(row_bytes: int) -> int:
     return next(size for size in (8, 4, 2, 1) if row_bytes % size == 0)
 
 
-def _words(rows: np.ndarray) -> np.ndarray:
+def _words(rows3: np.ndarray) -> np.ndarray:
     """Each row's bytes as the widest unsigned words that divide them."""
-    n_bytes = rows.shape[1] * rows.itemsize
+    n_bytes = rows3.shape[2] * rows3.itemsize
     size = _word_bytes(n_bytes)
-    return rows.view(np.dtype(f"u{size}")).reshape(len(rows), n_bytes // size)
+    return rows3.view(np.dtype(f"u{size}")).reshape(*rows3.shape[:2], n_bytes // size)
 
 
 def _shared_degree(layer: Layer) -> int:
@@ -183,40 +199,55 @@ def share_word_bytes(layer: Layer) -> int:
     return _word_bytes(d * np.asarray(layer.indices).itemsize) if d else 0
 
 
-def _rows(layer: Layer) -> np.ndarray | None:
-    """The layer's input lists as an (n_out, degree) array when it may share sums."""
+def _kind(layer: Layer) -> tuple | None:
+    """Layers of one kind are looked at together: (n_out, degree, index dtype), or None
+    where ``layer`` cannot share sums."""
     d = _shared_degree(layer)
-    return np.ascontiguousarray(np.asarray(layer.indices).reshape(layer.n_out, d)) if d else None
+    return (layer.n_out, d, np.asarray(layer.indices).dtype) if d else None
 
 
-def _share(layer: Layer) -> tuple | None:
-    rows = _rows(layer)
-    if rows is None:
-        return None
-    reps, members, member_ptr = _share_layer(rows, _words(rows),
-                                             rows.view(np.uint8).reshape(len(rows), -1))
-    if not len(member_ptr):
-        return None
-    d = rows.shape[1]
-    return np.arange(0, d * len(reps) + 1, d, dtype=np.int64), reps.ravel(), members, member_ptr
+def _share_run(layers: Sequence[Layer]) -> list[tuple | None]:
+    """:func:`shared_inputs` of layers of one kind, in one call."""
+    rows3 = np.ascontiguousarray(stacked_indices(layers))
+    counts, reps, members, member_ptr = _share_layers(
+        rows3, _words(rows3), rows3.view(np.uint8).reshape(*rows3.shape[:2], -1))
+    d = rows3.shape[2]
+    rep_ptr = np.arange(0, d * (int(counts.max()) + 1), d, dtype=np.int64)
+    return [None if g < 0 else (rep_ptr[:g + 1], reps[k, :g].ravel(), members[k],
+                                member_ptr[k, :g + 1]) for k, g in enumerate(counts.tolist())]
 
 
 def shared_inputs_all(layers: Sequence[Layer], threads: int | None = None) -> list[tuple | None]:
-    """:func:`shared_inputs` of every layer, the layers spread over ``threads`` threads
-    (default: numba's): the kernel runs without the GIL."""
+    """:func:`shared_inputs` of every layer: runs of consecutive layers of one kind (at
+    most ``RUN_ROWS`` outputs, and at least ``threads`` runs where there are as many
+    layers) in one call each, the calls over ``threads`` threads (default: numba's; the
+    kernel runs without the GIL). A call a layer cost more than the looking itself."""
     import numba
 
-    threads = numba.get_num_threads() if threads is None else threads
+    threads = numba.get_num_threads() if threads is None else max(1, threads)
     layers = list(layers)
-    if threads <= 1 or len(layers) < 2 * threads:
-        return [_share(layer) for layer in layers]
+    kinds = [_kind(layer) for layer in layers]
+    runs: list[tuple[int, int]] = []  # [start, stop) of layers of one kind
+    k = 0
+    while k < len(layers):
+        j = k + 1
+        if kinds[k] is not None:
+            limit = max(1, min(RUN_ROWS // kinds[k][0], -(-len(layers) // threads)))
+            while j < len(layers) and kinds[j] == kinds[k] and j - k < limit:
+                j += 1
+        runs.append((k, j))
+        k = j
+
+    def share_run(run: tuple[int, int]) -> list[tuple | None]:
+        k, j = run
+        return [None] * (j - k) if kinds[k] is None else _share_run(layers[k:j])
+
+    if threads == 1 or len(runs) == 1:
+        return [share for run in runs for share in share_run(run)]
     from concurrent.futures import ThreadPoolExecutor
 
-    step = -(-len(layers) // threads)
-    chunks = [layers[i:i + step] for i in range(0, len(layers), step)]
     with ThreadPoolExecutor(threads) as pool:
-        parts = pool.map(lambda chunk: [_share(layer) for layer in chunk], chunks)
-        return [share for part in parts for share in part]
+        return [share for part in pool.map(share_run, runs) for share in part]
 
 
 def shared_inputs(layer: Layer) -> tuple | None:

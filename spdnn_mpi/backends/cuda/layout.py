@@ -14,7 +14,7 @@ import numpy as np
 
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.model import Layer
+from spdnn_mpi.model import Layer, stacked_indices
 
 #: The kernel sources, compiled together as one NVRTC program.
 KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh")
@@ -186,23 +186,6 @@ _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 def group_layout(layer: Layer, xp=np) -> GroupLayout:
     """``group_layouts`` of one layer."""
     return group_layouts([layer], xp)[0][0]
-
-
-def stacked_indices(layers: Sequence[Layer]) -> np.ndarray:
-    """The layers' 16-bit indices as one (layers, n_out, degree) array: without a copy
-    where they lie back to back in one buffer (a packed store's), else copied."""
-    first, n = layers[0].indices, len(layers)
-    shape = (n, layers[0].n_out, layers[0].row_degree)
-    base = first.base if first.base is not None else first
-    if (first.dtype == np.uint16 and base.dtype == np.uint16 and base.ndim == 1
-            and all(lay.indices.base is base or lay.indices is base for lay in layers)):
-        start = (first.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 2
-        size = first.size
-        ends = [(lay.indices.__array_interface__["data"][0]
-                 - base.__array_interface__["data"][0]) // 2 for lay in layers]
-        if ends == [start + k * size for k in range(n)] and start + n * size <= base.size:
-            return base[start:start + n * size].reshape(shape)
-    return np.stack([np.asarray(lay.indices, dtype=np.uint16) for lay in layers]).reshape(shape)
 
 
 def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
