@@ -108,6 +108,29 @@ def test_peak_host_bytes_reports_this_process():
     assert 0 < memory.available_bytes()
 
 
+def test_small_page_arrays_are_zero_writable_and_opt_out_of_huge_pages():
+    import sys
+
+    a = memory.small_page_array((3, 5, 7))
+    assert a.shape == (3, 5, 7) and a.dtype == np.float32 and a.flags.c_contiguous
+    assert a.flags.writeable and not a.any()
+    a[2, 4, 6] = 1.5
+    assert a.sum() == 1.5
+    assert memory.small_page_array((0, 4), np.int64).shape == (0, 4)
+    if not sys.platform.startswith("linux"):
+        return
+    start = a.__array_interface__["data"][0]
+    with open("/proc/self/smaps") as fh:
+        lines = fh.read().splitlines()
+    for k, line in enumerate(lines):
+        lo, _, rest = line.partition("-")
+        if rest and " " in rest and int(lo, 16) == start:
+            flags = next(ln for ln in lines[k + 1:] if ln.startswith("VmFlags:"))
+            assert " nh" in flags  # MADV_NOHUGEPAGE
+            return
+    raise AssertionError("the array's mapping is not in /proc/self/smaps")
+
+
 def test_generate_refuses_reference_truth_that_cannot_fit(tmp_path, monkeypatch, capsys):
     """At 60000 x 16384 the reference needs about 12 GB: refused at once, nothing written."""
     monkeypatch.setattr(memory, "available_bytes", lambda: 4_000_000_000)

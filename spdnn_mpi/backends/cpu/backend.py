@@ -17,7 +17,7 @@ from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.check_policy import CheckCosts
 from spdnn_mpi.compression import RowGroups
 from spdnn_mpi.model import Layer, SparseRows
-from spdnn_mpi.util.memory import available_bytes
+from spdnn_mpi.util.memory import available_bytes, small_page_array
 
 
 class CpuBackend(Backend):
@@ -99,8 +99,8 @@ class CpuBackend(Backend):
             return
         self._cur = self._spare = None
         shape = (n_tiles, self.width, self.tile_rows)
-        self._cur = np.empty(shape, dtype=np.float32)
-        self._spare = np.empty(shape, dtype=np.float32)
+        self._cur = small_page_array(shape)  # see small_page_array: no compaction stalls
+        self._spare = small_page_array(shape)
         self._k.first_touch(self._spare)  # the cur buffer is touched by scatter_rows
         self._alive = np.zeros(n_tiles * self.tile_rows, dtype=np.bool_)
 
