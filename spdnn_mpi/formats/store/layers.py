@@ -153,20 +153,21 @@ class PackedLayers:
         if table.dtype != TABLE_DTYPE or table.ndim != 1:
             raise StoreError(f"{path}: network/layers: dtype {table.dtype} of shape "
                              f"{table.shape}, not the schema's layer table")
-        self._table = table
+        # rows as dicts of Python scalars: a field of a NumPy record costs ten times more
+        self._rows = [dict(zip(TABLE_DTYPE.names, row)) for row in table.tolist()]
         self._lengths = {name: (network[name].shape[0] if isinstance(
             network.get(name), h5py.Dataset) else 0) for name in DATASETS}
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self._rows)
 
     def attrs(self, k: int) -> dict:
-        return row_attrs(self._table[k])
+        return row_attrs(self._rows[k])
 
     def _spans(self, k: int) -> dict[str, tuple[int, int]]:
         """Where layer ``k``'s arrays lie, every range inside its dataset."""
         where = f"{self._path}: network/{layer_key(k)}"
-        out = spans(self._table[k])
+        out = spans(self._rows[k])
         for name, (start, stop) in out.items():
             if start < 0 or stop > self._lengths[name]:
                 raise StoreError(f"{where}: its {name} entries [{start}, {stop}) lie outside "

@@ -7,6 +7,7 @@ reductions. A failure is a :class:`StoreError` naming ``where`` (store and datas
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Mapping
@@ -48,7 +49,7 @@ def integer_attr(where: str, attrs: Mapping, name: str, minimum: int = 0) -> int
 def real_attr(where: str, attrs: Mapping, name: str) -> float:
     """Attribute ``name`` as a finite float (an integer or float type, not a string)."""
     value = attrs[name]
-    if not _is_real(value) or not np.isfinite(float(value)):
+    if not _is_real(value) or not math.isfinite(float(value)):
         raise StoreError(f"{where}: attribute {name} is {shown(value)}, expected a finite number")
     return float(value)
 
@@ -59,7 +60,7 @@ def clip_attr(where: str, attrs: Mapping) -> float | None:
     if "clip" not in attrs:
         return None
     value = attrs["clip"]
-    if not _is_real(value) or not (np.isfinite(float(value)) and float(value) > 0):
+    if not _is_real(value) or not (math.isfinite(float(value)) and float(value) > 0):
         raise StoreError(f"{where}: attribute clip is {shown(value)}, expected a finite "
                          "number > 0")
     return float(value)
