@@ -62,8 +62,10 @@ def small_page_array(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     """
     count = int(np.prod(shape))
     buf = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux only; elsewhere nothing to opt out of
+    try:
         buf.madvise(mmap.MADV_NOHUGEPAGE)
+    except (AttributeError, OSError):  # not Linux, or a kernel without huge pages
+        pass  # nothing to opt out of
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
