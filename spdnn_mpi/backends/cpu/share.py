@@ -7,8 +7,10 @@ the rows' bytes per layer, 0.2 ms a layer: a third of a second at 1920
 layers, longer than the inference it prepares. One numba kernel now hashes
 the rows of a layer, confirms equal rows exactly, and orders the distinct
 lists as that ``np.unique`` did (by their bytes, as ``memcmp`` compares
-them), so the result arrays are the same; layers are spread over the
-threads.
+them), so the result arrays are the same. It takes a run of layers of one
+shape at a time (a packed store's indices seen as one array, no copy), the
+runs spread over the threads: one call a layer had cost more in Python than
+the looking itself.
 """
 
 from __future__ import annotations
@@ -221,7 +223,7 @@ def shared_inputs_all(layers: Sequence[Layer], threads: int | None = None) -> li
     """:func:`shared_inputs` of every layer: runs of consecutive layers of one kind (at
     most ``RUN_ROWS`` outputs, and at least ``threads`` runs where there are as many
     layers) in one call each, the calls over ``threads`` threads (default: numba's; the
-    kernel runs without the GIL). A call a layer cost more than the looking itself."""
+    kernel runs without the GIL)."""
     import numba
 
     threads = numba.get_num_threads() if threads is None else max(1, threads)
