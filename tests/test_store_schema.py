@@ -7,7 +7,7 @@ import re
 import h5py
 import numpy as np
 import pytest
-from conftest import as_schema_2, random_inputs, random_network
+from conftest import as_schema_2, fixed_degree_layer, random_inputs, random_network
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store.reader import SCHEMA_VERSION, Store, StoreWriter, layer_key
@@ -117,3 +117,20 @@ def test_writer_refuses_classes_beyond_the_outputs(tmp_path):
                 w.write_inputs(random_inputs(rng, 5, 8))
                 write(w)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fixed_degree_layers_carry_the_stored_degree(tmp_path):
+    """A layer stored in the ``row_degree`` form comes back knowing its degree (not
+    found again from its row pointer), the same as the pointer gives; others find it."""
+    rng = np.random.default_rng(3)
+    fixed = fixed_degree_layer(rng, 40, 40, 6)
+    ragged = random_network(rng, [40, 30], 0.2).layers[0]
+    with StoreWriter(tmp_path / "s.h5") as w:
+        w.add_layer(fixed)
+        w.add_layer(ragged)
+        w.write_inputs(random_inputs(rng, 3, 40))
+    with Store(tmp_path / "s.h5") as st:
+        read = st.network().layers
+    assert vars(read[0])["row_degree"] == 6 == int(np.diff(read[0].indptr)[0])
+    assert "row_degree" not in vars(read[1])
+    assert read[1].row_degree == ragged.row_degree

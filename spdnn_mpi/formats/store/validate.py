@@ -214,6 +214,7 @@ def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndar
     check_indices(where, "indices", indices, n_in)
     if len(indices) != nnz:
         raise StoreError(f"{where}/indices: {len(indices)} ids, attribute nnz says {nnz}")
+    degree = None
     if indptr is None:
         degree = integer_attr(where, attrs, "row_degree", 0)
         if degree * n_out != nnz:
@@ -244,9 +245,12 @@ def check_layer(where: str, attrs: Mapping, indices: np.ndarray, indptr: np.ndar
         raise StoreError(f"{where}: activation {activation!r} is not one of "
                          f"{', '.join(ACTIVATIONS)}")
     try:
-        return Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
+        layer = Layer(n_in, n_out, indptr, indices, values, uniform, bias, clip, activation)
     except ValueError as exc:
         raise StoreError(f"{where}: {exc}") from None
+    if degree is not None:  # the stored degree, not found again from indptr
+        layer.row_degree = degree
+    return layer
 
 
 def check_store_file(path: Path) -> None:
