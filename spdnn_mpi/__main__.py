@@ -1,5 +1,5 @@
 """``python -m spdnn_mpi`` runs the ``spdnn`` command line."""
 
-from spdnn_mpi.cli import main
+from spdnn_mpi.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -6,6 +6,7 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import signal
@@ -146,5 +147,17 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> int:
+    """The ``spdnn`` process: :func:`main`, then an exit that skips the interpreter's final
+    garbage collection over every object numba and CuPy made (0.12 s of each run).
+
+    Every output is complete and closed when ``main`` returns, so nothing waits on that
+    collection; ``main`` itself, called in a longer-lived process, frees as usual.
+    """
+    status = main()
+    gc.freeze()
+    return status
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

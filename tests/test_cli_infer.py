@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -103,14 +104,30 @@ def test_batches_give_identical_categories(small_store, tmp_path):
     np.testing.assert_array_equal(np.loadtxt(out, dtype=np.int64), expected)
 
 
-def test_python_dash_m_entry_point(small_store):
+def test_python_dash_m_entry_point(small_store, tmp_path):
+    """The process entry (which leaves the interpreter's last collection out) writes
+    the same complete categories file as ``main`` in this process."""
     path, _, _ = small_store
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.run([sys.executable, "-m", "spdnn_mpi", "infer", str(path), "--check",
-                           "--backend", "cpu"], capture_output=True, text=True, env=env,
-                          timeout=120)
+                           "--backend", "cpu", "--out", str(tmp_path / "a.tsv")],
+                          capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "check       PASSED" in proc.stdout and "layer" in proc.stderr
+    assert main(["infer", str(path), "--backend", "cpu", "--quiet",
+                 "--out", str(tmp_path / "b.tsv")]) == 0
+    assert (tmp_path / "a.tsv").read_bytes() == (tmp_path / "b.tsv").read_bytes()
+
+
+def test_the_process_entry_returns_the_status_and_leaves_objects_to_the_exit(monkeypatch):
+    import spdnn_mpi.cli as cli
+
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    try:
+        assert cli.entry() == 3
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_text_report_has_live_rows_memory_and_machine(small_store, capsys):

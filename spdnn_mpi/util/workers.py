@@ -15,6 +15,7 @@ handles both and stops every worker on the way out (``close``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -86,6 +87,7 @@ class WorkerPool:
                 stream.flush()
         ctx = _context()
         self._workers: list[tuple] = []
+        gc.freeze()  # forked workers never walk (and so copy) the objects they inherit
         try:
             for _ in range(jobs):
                 parent, child = ctx.Pipe()
@@ -97,6 +99,8 @@ class WorkerPool:
         except BaseException:
             self.close(graceful=False)
             raise
+        finally:
+            gc.unfreeze()  # this process collects as before
 
     def map(self, tasks: Iterable, window: int, *, flat: bool = False) -> Iterator:
         """``fn(task)`` for each task, in task order; at most ``window`` tasks are
