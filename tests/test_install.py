@@ -15,14 +15,15 @@ import sys
 import pytest
 from conftest import write_random_store
 
-from spdnn_mpi.comm import LAUNCHER_VARIABLES, launched_processes
+from spdnn_mpi.comm import LAUNCHER_VARIABLES, launched_processes, launched_rank
 
 FAILURES = {
     "runtime": 'raise RuntimeError("cannot load MPI library")',
     "import": 'raise ImportError("libmpi.so.40: cannot open shared object file: '
               'No such file or directory")',
 }
-LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI_", "HYDRA_", "I_MPI_")
+LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI_", "HYDRA_", "I_MPI_", "MV2_",
+                     "JSM_", "FLUX_", "PALS_", "ALPS_")
 
 
 def no_mpi_env(tmp_path, failure: str = "runtime", **extra: str) -> dict:
@@ -74,6 +75,8 @@ def test_demo_runs_without_mpi(tmp_path):
     {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "1"},
     {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
     {"PMIX_RANK": "0"},
+    {"FLUX_JOB_SIZE": "2", "FLUX_TASK_RANK": "1"},
+    {"ALPS_APP_PE": "0"},
 ])
 def test_launched_process_without_mpi_says_how_to_get_one(tmp_path, store, launcher):
     proc = spdnn(no_mpi_env(tmp_path, **launcher), "infer", str(store), "--quiet")
@@ -94,6 +97,18 @@ def test_a_lone_process_under_a_scheduler_runs_without_mpi(tmp_path, store, alon
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("alone", [{}, {"OMPI_COMM_WORLD_SIZE": "1"}])
+def test_a_lone_process_does_not_load_mpi(tmp_path, alone):
+    """Even where MPI is installed: its start and finalize would cost every run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    code = ("import sys; from spdnn_mpi.comm import world; c = world(); "
+            "print(type(c).__name__, c.Get_size(), 'mpi4py.MPI' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, **alone},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["SelfComm", "1", "False"]
+
+
 def test_launcher_detection():
     assert launched_processes({}) is None
     assert launched_processes({"PMI_SIZE": "8"}) == ("PMI_SIZE", 8)
@@ -101,3 +116,7 @@ def test_launcher_detection():
     assert launched_processes({"PMIX_RANK": "3"}) == ("PMIX_RANK", None)
     assert {name for name, _ in LAUNCHER_VARIABLES} >= {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
                                                         "SLURM_STEP_NUM_TASKS"}
+    assert launched_processes({"MV2_COMM_WORLD_SIZE": "6"}) == ("MV2_COMM_WORLD_SIZE", 6)
+    assert launched_processes({"JSM_NAMESPACE_SIZE": "2"}) == ("JSM_NAMESPACE_SIZE", 2)
+    assert launched_processes({"PALS_RANKID": "5"}) == ("PALS_RANKID", None)
+    assert launched_rank({"FLUX_JOB_SIZE": "4", "FLUX_TASK_RANK": "3"}) == "rank 3 of 4: "
