@@ -19,6 +19,12 @@ from spdnn_mpi.model import Layer
 #: Warp steps a warp of the grouped kernels takes in a row before striding on; 4: 52.9
 #: against 54.6-57.3 TE/s at 1024 x 120 (H200, 2026-12-03).
 GROUP_CHUNK = 1
+#: Widest uniform grouped layer whose converged layers (one tile held) run the ELL
+#: few-row kernels rather than the shared-sum kernel over the tile. To measure: the
+#: converged-layer median of `spdnn bench` at each N against main (ELL everywhere:
+#: 7.2-7.6 us at N <= 16384, 20.9 us at 65536, H200, 2026-12-05); 0 here runs the
+#: shared-sum form at every N.
+HELD_ELL_MAX_OUTPUTS = 0
 
 
 def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
@@ -111,9 +117,10 @@ class Launcher:
         """Rows held (one tile at most) -> their launch (``full``: the whole-tile form)."""
         kern, grid = full.kern, full.grid
         small = {}
-        if plan.kind == "group":  # layers with values: the same kernel over the one tile
+        if plan.kind == "group":  # the same kernel over the one tile
             warps = self.config.group_threads // 32
-            per_step = self.config.group_lane_slots // 4  # groups a warp step
+            # groups a warp step: 4 in the shared-sum form (a lane computes all 16 slots)
+            per_step = 4 if "group_sum" in plan.kernel else self.config.group_lane_slots // 4
             g = max(1, min(grid, -(-n_groups // (per_step * warps))))
             return {rows: Launch(kern, g, self.threads("group"), 0) for rows in lay.ELL_ROWS}
         for rows in lay.ELL_ROWS:
@@ -169,10 +176,12 @@ class Launcher:
                 vals = cp.zeros(1, dtype=np.float32)
             keep += [ptr, idx, vals]
             extra = (ptr, idx, vals)
-        # Uniform grouped layers run the ELL kernels once one tile is held (one latency
-        # a layer, not four); their sums are the grouped kernel's bit for bit.
+        # Uniform grouped layers up to HELD_ELL_MAX_OUTPUTS outputs run the ELL kernels
+        # once one tile is held (one latency a layer, not four); their sums are the
+        # grouped kernel's bit for bit. Wider ones keep the shared-sum kernel over the
+        # one tile: a gather a group where the ELL forms gather per output.
         held_plan = None
-        if groups is not None and layer.values is None:
+        if groups is not None and layer.values is None and layer.n_out <= HELD_ELL_MAX_OUTPUTS:
             held_plan = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
         if held_plan is not None and held_plan.is_ell:
             small = self.small_grids(layer, held_plan, self.launch(held_plan), 0)
