@@ -15,8 +15,7 @@
 // same inputs are one request). The host pads the group count to a multiple
 // of 4. Units run tile-major, so the groups that read one input line of a tile
 // run close together and the second read hits in L2. Once one tile of
-// compressed rows is held, uniform layers run the few-row ELL kernels instead
-// (the same sums; launch.py), layers with values this kernel over that tile.
+// compressed rows is held, these kernels run over that tile on a small grid.
 //
 // layer_group_sum (uniform layers, one value for every weight): the outputs
 // of a group read the same inputs with the same weight, so their sums are one

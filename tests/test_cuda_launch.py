@@ -51,45 +51,20 @@ def test_shared_memory_limit_of_a_kernel_is_only_raised():
     assert entry.full.kern.max_dynamic_shared_size_bytes == 644 * 128
 
 
-@pytest.mark.parametrize("n,held_kernel", [(1024, "layer_ell_smem"), (4096, "layer_ell_global")])
-def test_converged_uniform_grouped_layers_launch_the_few_row_ell_kernels(n, held_kernel,
-                                                                          monkeypatch):
-    """Direct layers on the grouped kernel; once one tile is held, up to
-    HELD_ELL_MAX_OUTPUTS outputs, the ELL kernels for 8/16/32 rows with the ELL
-    layout (their sums are the grouped kernel's)."""
-    from spdnn_mpi.backends.cuda import launch
+@pytest.mark.parametrize("n,grid", [(1024, 2), (4096, 8)])
+def test_converged_uniform_grouped_layers_keep_the_shared_sum_kernel(n, grid):
+    """Once one tile is held, the shared-sum kernel over it, with the group layout and
+    one warp step at a time, on a grid that covers the groups once."""
     from spdnn_mpi.generators.radixnet import radixnet_network
 
-    monkeypatch.setattr(launch, "HELD_ELL_MAX_OUTPUTS", n)
     limit = 227 * 1024
     layer = radixnet_network(n, 1).layers[0]
     entry = planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
     assert entry.full.kern.name == "layer_group_sum<32>" and entry.plan.kind == "group"
-    for rows, (kern, grid, threads, smem) in entry.small.items():
-        assert kern.name == f"{held_kernel}<32,{rows},true>" and grid >= 1
-        assert threads == (512 if held_kernel == "layer_ell_smem" else 256)
-        assert smem == (n * 32 * 4 if held_kernel == "layer_ell_smem" else 0)
-    idx, out_ids = entry.extra_held
-    assert idx.dtype == np.uint16 and out_ids.dtype == np.int32
-    assert np.array_equal(np.sort(out_ids), np.arange(n))  # every output once
-    rows = layer.indices.reshape(n, 32)
-    assert np.array_equal(idx.reshape(n, 32), rows[out_ids])  # its own inputs, CSR order
-
-
-def test_wider_converged_uniform_grouped_layers_keep_the_shared_sum_kernel(monkeypatch):
-    """Past HELD_ELL_MAX_OUTPUTS outputs, the shared-sum kernel over the one tile held,
-    with the group layout and one warp step at a time."""
-    from spdnn_mpi.backends.cuda import launch
-    from spdnn_mpi.generators.radixnet import radixnet_network
-
-    monkeypatch.setattr(launch, "HELD_ELL_MAX_OUTPUTS", 2048)
-    limit = 227 * 1024
-    layer = radixnet_network(4096, 1).layers[0]
-    entry = planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
     assert {launch.kern.name for launch in entry.small.values()} == {"layer_group_sum<32>"}
     assert entry.extra_held[:5] == entry.extra[:5] and entry.extra_held[-1] == 1
-    # 4096 / 16 groups, 4 a warp step, 8 warps a block: 8 blocks cover the tile
-    assert {launch.grid for launch in entry.small.values()} == {8}
+    # n / 16 groups, 4 a warp step, 8 warps a block
+    assert {launch.grid for launch in entry.small.values()} == {grid}
 
 
 def test_uniform_grouped_layers_take_the_shared_sum_form():

@@ -78,15 +78,6 @@ def test_group_layout_covers_every_output_once(n_in, n_out, degree, max_group, v
     assert gl.fill == pytest.approx(n_out / (used * lay.GROUP_SLOTS))
 
 
-@pytest.mark.parametrize("values", [True, False])
-def test_ell_from_groups_is_an_ell_layout(values):
-    rng = np.random.default_rng(9)
-    layer = block_layer(rng, 400, 333, 16, values=values, max_group=20)
-    idx, out_ids = lay.ell_from_groups(lay.group_layout(layer), 16)
-    assert np.array_equal(np.sort(out_ids), np.arange(333))
-    assert np.array_equal(idx.reshape(333, 16), layer.indices.reshape(333, 16)[out_ids])
-
-
 def test_group_layout_of_radixnet_layers_is_full():
     """RadiX-Net layers (the challenge's) are groups of 16 outputs sharing 32 inputs."""
     from spdnn_mpi.generators.radixnet import radixnet_network
@@ -167,19 +158,17 @@ def test_plan_falls_back_to_csr_for_general_layers():
 @pytest.mark.parametrize("values", [True, False])
 def test_layers_grouped_together_equal_each_grouped_alone(values):
     """``group_layouts`` of many layers at once (one upload, a few operations) gives each
-    layer exactly the arrays it gets alone, and the held form ``ell_from_groups`` gives."""
+    layer exactly the arrays it gets alone."""
     rng = np.random.default_rng(12)
     layers = [block_layer(rng, 300, 203, 16, values=values, max_group=k) for k in (1, 5, 16, 40)]
     layers.append(fixed_degree_layer(rng, 300, 203, 16) if not values else layers[0])
-    together = lay.group_layouts(layers, held=True)
-    for layer, (got, held) in zip(layers, together):
+    together = lay.group_layouts(layers)
+    for layer, got in zip(layers, together):
         alone = lay.group_layout(layer)
         assert got.n_groups == alone.n_groups and got.wstride == alone.wstride
         assert got.fill == alone.fill
         for name in ("indices", "out_ids", "weights"):
             np.testing.assert_array_equal(getattr(got, name), getattr(alone, name))
-        for a, b in zip(held, lay.ell_from_groups(alone, 16)):
-            np.testing.assert_array_equal(a, b)
 
 
 def test_layers_of_a_packed_store_are_stacked_without_a_copy(tmp_path):

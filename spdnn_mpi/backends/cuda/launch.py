@@ -19,12 +19,6 @@ from spdnn_mpi.model import Layer
 #: Warp steps a warp of the grouped kernels takes in a row before striding on; 4: 52.9
 #: against 54.6-57.3 TE/s at 1024 x 120 (H200, 2026-12-03).
 GROUP_CHUNK = 1
-#: Widest uniform grouped layer whose converged layers (one tile held) run the ELL
-#: few-row kernels rather than the shared-sum kernel over the tile. To measure: the
-#: converged-layer median of `spdnn bench` at each N against main (ELL everywhere:
-#: 7.2-7.6 us at N <= 16384, 20.9 us at 65536, H200, 2026-12-05); 0 here runs the
-#: shared-sum form at every N.
-HELD_ELL_MAX_OUTPUTS = 0
 
 
 def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
@@ -139,13 +133,13 @@ class Launcher:
                     grouped: tuple | None = None) -> LayerLaunch:
         """Upload one layer's layout; its kernel, grids and launch arguments.
 
-        ``grouped``: the layer's (group layout, held ELL arrays or None), built
-        with others of its shape by ``layout.group_layouts`` (else built here).
+        ``grouped``: the layer's group layout, built with others of its shape by
+        ``layout.group_layouts`` (else built here).
         """
         cp = self.cp
-        groups = held_ell = None
+        groups = None
         if plan.kind == "group":
-            groups, held_ell = grouped or (lay.group_layout(layer, cp), None)
+            groups = grouped or lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
             elif layer.values is None:
@@ -176,21 +170,10 @@ class Launcher:
                 vals = cp.zeros(1, dtype=np.float32)
             keep += [ptr, idx, vals]
             extra = (ptr, idx, vals)
-        # Uniform grouped layers up to HELD_ELL_MAX_OUTPUTS outputs run the ELL kernels
-        # once one tile is held (one latency a layer, not four); their sums are the
-        # grouped kernel's bit for bit. Wider ones keep the shared-sum kernel over the
-        # one tile: a gather a group where the ELL forms gather per output.
-        held_plan = None
-        if groups is not None and layer.values is None and layer.n_out <= HELD_ELL_MAX_OUTPUTS:
-            held_plan = lay.plan_layer(layer, smem_limit, "auto", grouped=False)
-        if held_plan is not None and held_plan.is_ell:
-            small = self.small_grids(layer, held_plan, self.launch(held_plan), 0)
-            extra_held = (held_ell if held_ell is not None
-                          else lay.ell_from_groups(groups, layer.row_degree, cp))
-            keep += list(extra_held)
-        else:
-            small = self.small_grids(layer, plan, full,
-                                     groups.n_groups if groups is not None else 0)
+        # Once one tile is held, grouped layers keep their kernel over it (small grid):
+        # a gather a group, where the ELL few-row forms gather per output.
+        small = self.small_grids(layer, plan, full,
+                                 groups.n_groups if groups is not None else 0)
         if layer.bias_is_scalar:
             bias_s, bias_v = np.float32(layer.bias), np.uint64(0)
         else:

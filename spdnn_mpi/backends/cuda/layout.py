@@ -185,18 +185,16 @@ _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 def group_layout(layer: Layer, xp=np) -> GroupLayout:
     """``group_layouts`` of one layer."""
-    return group_layouts([layer], xp)[0][0]
+    return group_layouts([layer], xp)[0]
 
 
-def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
-                  ) -> list[tuple[GroupLayout, tuple | None]]:
+def group_layouts(layers: Sequence[Layer], xp=np) -> list[GroupLayout]:
     """Group the outputs of fixed-degree layers of one shape by identical input sets,
     all layers at once (one layer at a time cost 2.5 ms a layer at 1920 layers).
 
     Equal sets are found exactly (a hash collision only splits a group); groups hold at
     most ``GROUP_SLOTS`` outputs, padded to a multiple of 4 groups per layer. Uniform
-    layers share one block of ones. ``held``: each layer also gets ``ell_from_groups``'
-    arrays. ``xp`` is the array module (CuPy: on the device).
+    layers share one block of ones. ``xp`` is the array module (CuPy: on the device).
     """
     n, n_out, d = len(layers), layers[0].n_out, layers[0].row_degree
     rows3 = xp.asarray(stacked_indices(layers))  # (layers, n_out, d)
@@ -236,28 +234,14 @@ def group_layouts(layers: Sequence[Layer], xp=np, held: bool = False
                                     for lay in layers])).reshape(n, n_out, d)
         weights = xp.zeros((total, d, GROUP_SLOTS), dtype=xp.float32)
         weights[group, :, slot] = vals[each, order].reshape(n * n_out, d)
-    ell = None
-    if held:  # every layer has exactly n_out used slots, layer after layer
-        g, s = xp.nonzero(out_ids >= 0)
-        ell = (indices[g].reshape(n, n_out * d), out_ids[g, s].reshape(n, n_out))
     out = []
     for k in range(n):
         lo, hi = int(first_group[k]), int(first_group[k] + n_groups[k])
         w = ones if uniform else weights[lo:hi].reshape(-1)
-        layout = GroupLayout(n_groups[k], indices[lo:hi].reshape(-1),
-                             out_ids[lo:hi].reshape(-1), w, 0 if uniform else d * GROUP_SLOTS,
-                             n_out / (used[k] * GROUP_SLOTS) if used[k] else 1.0)
-        out.append((layout, None if ell is None else (ell[0][k], ell[1][k])))
+        out.append(GroupLayout(n_groups[k], indices[lo:hi].reshape(-1),
+                               out_ids[lo:hi].reshape(-1), w, 0 if uniform else d * GROUP_SLOTS,
+                               n_out / (used[k] * GROUP_SLOTS) if used[k] else 1.0))
     return out
-
-
-def ell_from_groups(groups: GroupLayout, degree: int, xp=np) -> tuple:
-    """(indices, out_ids) in the form of ``ell_layout``, taken from a group layout on its
-    device (saves a second grouping pass and upload per layer)."""
-    out = groups.out_ids.reshape(groups.n_groups, GROUP_SLOTS)
-    g, slot = xp.nonzero(out >= 0)
-    indices = groups.indices.reshape(groups.n_groups, degree)[g]
-    return xp.ascontiguousarray(indices).reshape(-1), out[g, slot].astype(xp.int32)
 
 
 def csr4_layout(layer: Layer, xp=np) -> tuple:

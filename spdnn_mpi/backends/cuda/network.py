@@ -40,7 +40,7 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 
 
 def group_runs(cp: Any, layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> dict[int, tuple]:
-    """Layer index -> (group layout, held ELL arrays) of every layer planned on the
+    """Layer index -> group layout of every layer planned on the
     grouped kernel, built in runs of consecutive layers of one shape (at most
     ``GROUP_BATCH_ENTRIES`` indices a run) rather than one small pass a layer."""
     out: dict[int, tuple] = {}
@@ -58,7 +58,7 @@ def group_runs(cp: Any, layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> 
                                            layers[j].row_degree,
                                            layers[j].values is None) == shape):
             j += 1
-        for i, built in enumerate(lay.group_layouts(layers[k:j], cp, held=shape[3])):
+        for i, built in enumerate(lay.group_layouts(layers[k:j], cp)):
             out[k + i] = built
         k = j
     return out
