@@ -46,6 +46,25 @@ class DevArray(np.ndarray):
         self[...] = values
 
 
+def _array_operand_only(name):
+    """CuPy sends an operator with a number (``a * 2``, ``a == 0``) through NumPy's
+    ufunc dispatch, which imports cupyx.scipy.special: the backend calls xp's ufuncs."""
+    plain = getattr(np.ndarray, name)
+
+    def op(self, other):
+        if not isinstance(other, np.ndarray):
+            raise AssertionError(f"{name} of a device array with {other!r}: call the ufunc")
+        return plain(self, other)
+
+    return op
+
+
+for _name in ("__add__", "__sub__", "__mul__", "__floordiv__", "__mod__", "__lshift__",
+              "__rshift__", "__and__", "__or__", "__xor__", "__eq__", "__ne__", "__lt__",
+              "__le__", "__gt__", "__ge__"):
+    setattr(DevArray, _name, _array_operand_only(_name))
+
+
 class Recorder:
     """What was launched, in order."""
 
@@ -107,7 +126,9 @@ def fake_cupy(rec: Recorder) -> types.ModuleType:
 
     cp = types.ModuleType("cupy")
     for name in ("int32", "int64", "uint16", "uint32", "uint64", "float32", "nonzero",
-                 "cumsum", "flatnonzero", "any", "argsort", "ascontiguousarray"):
+                 "cumsum", "flatnonzero", "any", "argsort", "ascontiguousarray", "multiply",
+                 "subtract", "floor_divide", "remainder", "left_shift", "right_shift",
+                 "equal"):
         setattr(cp, name, getattr(np, name))
     def on_device(make):
         return lambda *args, **kw: make(*args, **kw).view(DevArray)

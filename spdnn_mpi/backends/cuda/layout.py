@@ -197,30 +197,32 @@ def group_layouts(layers: Sequence[Layer], xp=np) -> list[GroupLayout]:
     layers share one block of ones. ``xp`` is the array module (CuPy: on the device).
     """
     n, n_out, d = len(layers), layers[0].n_out, layers[0].row_degree
+    # arrays meet numbers through xp's ufuncs, never an operator: CuPy sends ``a * s``
+    # through NumPy's ufunc dispatch, which imports cupyx.scipy.special (0.29 s a run)
     rows3 = xp.asarray(stacked_indices(layers))  # (layers, n_out, d)
     words = rows3.reshape(n * n_out, d).view(xp.uint64)  # d a multiple of 8: d / 4 words
     h = xp.zeros(n * n_out, dtype=xp.uint64)
     for c in range(words.shape[1]):
-        h = (h ^ words[:, c]) * _HASH_MUL
-    key = ((rows3[:, :, 0].astype(xp.uint64) << np.uint64(48))
-           | (h.reshape(n, n_out) >> np.uint64(16)))
+        h = xp.multiply(h ^ words[:, c], _HASH_MUL)
+    key = (xp.left_shift(rows3[:, :, 0].astype(xp.uint64), np.uint64(48))
+           | xp.right_shift(h.reshape(n, n_out), np.uint64(16)))
     order = xp.argsort(key, axis=1, kind="stable") if xp is np else xp.argsort(key, axis=1)
     each = xp.arange(n)[:, None]  # with ``order``: every layer's rows in its own order
     srt = rows3[each, order].reshape(n * n_out, d)
     pos = xp.arange(n * n_out)
-    start = pos % n_out == 0  # every layer starts its own runs
+    start = xp.equal(xp.remainder(pos, n_out), 0)  # every layer starts its own runs
     start[1:] |= xp.any(srt[1:] != srt[:-1], axis=1)
-    within = pos - xp.flatnonzero(start)[xp.cumsum(start) - 1]
-    new = start | (within % GROUP_SLOTS == 0)
-    gid = xp.cumsum(new) - 1  # over all layers
+    within = pos - xp.flatnonzero(start)[xp.subtract(xp.cumsum(start), 1)]
+    slot = xp.remainder(within, GROUP_SLOTS)
+    new = start | xp.equal(slot, 0)
+    gid = xp.subtract(xp.cumsum(new), 1)  # over all layers
     used = [int(u) for u in (new.reshape(n, n_out).sum(axis=1).get() if xp is not np
                              else new.reshape(n, n_out).sum(axis=1))]
     n_groups = [-(-max(u, 1) // 4) * 4 for u in used]
     first_used = np.concatenate([[0], np.cumsum(used)[:-1]]).astype(np.int64)
     first_group = np.concatenate([[0], np.cumsum(n_groups)[:-1]]).astype(np.int64)
-    layer = pos // n_out
+    layer = xp.floor_divide(pos, n_out)
     group = gid - xp.asarray(first_used)[layer] + xp.asarray(first_group)[layer]
-    slot = within % GROUP_SLOTS
     total = int(sum(n_groups))
     out_ids = xp.full((total, GROUP_SLOTS), -1, dtype=xp.int32)
     out_ids[group, slot] = order.reshape(-1).astype(xp.int32)
