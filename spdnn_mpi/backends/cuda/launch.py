@@ -130,7 +130,7 @@ class Launcher:
         return small
 
     def layer_entry(self, layer: Layer, plan: lay.LayerPlan, smem_limit: int,
-                    grouped: tuple | None = None) -> LayerLaunch:
+                    grouped: lay.GroupLayout | None = None) -> LayerLaunch:
         """Upload one layer's layout; its kernel, grids and launch arguments.
 
         ``grouped``: the layer's group layout, built with others of its shape by

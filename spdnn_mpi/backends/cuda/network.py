@@ -39,11 +39,12 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
     return [lay.plan_layer(layer, smem_limit, variant) for layer in layers]
 
 
-def group_runs(cp: Any, layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> dict[int, tuple]:
+def group_runs(cp: Any, layers: Sequence[Layer],
+               plans: list[lay.LayerPlan]) -> dict[int, lay.GroupLayout]:
     """Layer index -> group layout of every layer planned on the
     grouped kernel, built in runs of consecutive layers of one shape (at most
     ``GROUP_BATCH_ENTRIES`` indices a run) rather than one small pass a layer."""
-    out: dict[int, tuple] = {}
+    out: dict[int, lay.GroupLayout] = {}
     k = 0
     while k < len(layers):
         if plans[k].kind != "group":
