@@ -97,6 +97,28 @@ def test_plan_takes_group_only_for_fixed_degree_16_bit_layers():
     assert lay.plan_layer(odd, 200 * 1024, "group").kind == "csr4_smem"
 
 
+def test_module_instantiates_only_what_the_plans_can_launch():
+    from spdnn_mpi.backends.cuda.compile import kernel_names
+
+    rng = np.random.default_rng(4)
+    uniform = fixed_degree_layer(rng, 300, 64, 32)
+    weighted = block_layer(rng, 300, 64, 16)
+    smem = 200 * 1024
+    scatter = {"scatter_rows<u16>", "scatter_rows<int>"}
+    ell = {lay.ell_kernel("smem32", 32, rows) for rows in (0, *lay.ELL_ROWS)}
+
+    def names(layers, variant="auto"):
+        plans = [lay.plan_layer(layer, smem, variant) for layer in layers]
+        return set(kernel_names(layers, plans, smem, variant))
+
+    # grouped: the shared-sum form, and the ELL forms auto falls back to on sparse groups
+    assert names([uniform, uniform]) == scatter | {"layer_group_sum<32>"} | ell
+    assert names([uniform], "group") == scatter | {"layer_group_sum<32>"}
+    assert names([weighted]) == scatter | {"layer_group<16>", "layer_csr4<true,true>"}
+    assert names([uniform], "csr") == scatter | {"layer_csr<true,false,u16>"}
+    assert names([uniform, weighted]) == names([uniform]) | names([weighted])
+
+
 @pytest.mark.parametrize("values", [True, False])
 def test_csr4_layout_aligns_each_output_and_keeps_csr_order(values):
     rng = np.random.default_rng(11)

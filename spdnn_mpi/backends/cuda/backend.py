@@ -14,16 +14,12 @@ import numpy as np
 
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import (
-    import_cupy,
-    kernel_names,
-    module_and_whether_compiled,
-)
+from spdnn_mpi.backends.cuda.compile import import_cupy, module_and_whether_compiled
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.features import FeatureBuffers
 from spdnn_mpi.backends.cuda.layer_queue import LayerQueue
 from spdnn_mpi.backends.cuda.merge import DeviceMerge
-from spdnn_mpi.backends.cuda.network import DeviceNetwork, build_network, plan_layers
+from spdnn_mpi.backends.cuda.network import DeviceNetwork, build_network, network_kernels
 from spdnn_mpi.backends.cuda.readback import (
     ST_COMPACTIONS,
     ST_ROWS,
@@ -100,12 +96,10 @@ class CudaBackend(Backend):
     # -- network -------------------------------------------------------------
     def prepare_kernels(self, layers: Sequence[Layer]) -> None:
         """Compile the kernels these layers need, or load them from the disk cache."""
-        names = kernel_names({p.degree for p in plan_layers(self._props, self.variant, layers)
-                              if p.degree})
+        names = network_kernels(self._props, self.variant, layers)
         t0 = time.perf_counter()
         with self._dev:
-            _module, compiled = module_and_whether_compiled(self.device_id, sorted(names),
-                                                            self.config)
+            _module, compiled = module_and_whether_compiled(self.device_id, names, self.config)
         self._prepared = (time.perf_counter() - t0, compiled)
 
     def load_network(self, layers: Sequence[Layer], progress=None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
+from spdnn_mpi.model import Layer
 
 #: Compiled modules, memoised by (device id, source digest).
 _MODULES: dict[tuple[int, str], Any] = {}
@@ -65,17 +66,24 @@ def _cache_files(cupy) -> frozenset[str]:
                      for top, _dirs, names in os.walk(root) for name in names)
 
 
-def kernel_names(degrees: set[int]) -> list[str]:
-    """Every instantiation for these degrees (plus 32), so one module serves most networks."""
-    names = ["scatter_rows<u16>", "scatter_rows<int>"]
-    for d in sorted(degrees | {32}):
-        names += [lay.ell_kernel(kind, d, rows) for kind in lay.ELL_KINDS
-                  for rows in (0, *lay.ELL_ROWS)]
-    names += [f"{kern}<{d}>" for d in sorted(degrees | {32})
-              for kern in ("layer_group", "layer_group_sum")]
-    for smem in ("true", "false"):
-        for vals in ("true", "false"):
-            names.append(f"layer_csr4<{smem},{vals}>")
-            for itype in ("u16", "int"):
-                names.append(f"layer_csr<{smem},{vals},{itype}>")
-    return names
+def kernel_names(layers: Sequence[Layer], plans: Sequence[lay.LayerPlan], smem_limit: int,
+                 variant: str) -> list[str]:
+    """The instantiations these layers' plans can launch, and no others: NVRTC's time
+    grows with each one (all 24 forms of degree 32 took 2.3x the time of the 7 a
+    challenge network needs, nvcc for sm_90). A grouped layer also gets the kernel
+    ``auto`` falls back to where its groups are too sparse (known only once laid out),
+    an ELL layer its forms for rows held in one tile."""
+    names = {"scatter_rows<u16>", "scatter_rows<int>"}
+    for layer, plan in zip(layers, plans):
+        forms = [plan]
+        if plan.kind == "group":
+            uniform = layer.values is None  # one weight for all: the shared-sum form
+            names.add(f"layer_group_sum<{plan.degree}>" if uniform else plan.kernel)
+            forms = ([lay.plan_layer(layer, smem_limit, variant, grouped=False)]
+                     if variant == "auto" else [])
+        for form in forms:
+            names.add(form.kernel)
+            if form.is_ell:
+                names.update(lay.ell_kernel(form.kind, form.degree, rows)
+                             for rows in lay.ELL_ROWS)
+    return sorted(names)

@@ -33,10 +33,19 @@ class DeviceNetwork:
     info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
 
 
+def smem_limit(props: dict) -> int:
+    """Dynamic shared memory a block of the layer kernels may have on this device."""
+    return int(props["sharedMemPerBlockOptin"]) - SMEM_RESERVED
+
+
 def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.LayerPlan]:
     """The kernel plan of every layer on a device with CUDA properties ``props``."""
-    smem_limit = int(props["sharedMemPerBlockOptin"]) - SMEM_RESERVED
-    return [lay.plan_layer(layer, smem_limit, variant) for layer in layers]
+    return [lay.plan_layer(layer, smem_limit(props), variant) for layer in layers]
+
+
+def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[str]:
+    """The kernel instantiations ``layers`` need on a device with ``props``."""
+    return kernel_names(layers, plan_layers(props, variant, layers), smem_limit(props), variant)
 
 
 def group_runs(cp: Any, layers: Sequence[Layer],
@@ -72,11 +81,11 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     after each); waits until the uploads are done."""
     t0 = time.perf_counter()
     sms = int(props["multiProcessorCount"])
-    smem_limit = int(props["sharedMemPerBlockOptin"]) - SMEM_RESERVED
+    smem = smem_limit(props)
     plans = plan_layers(props, variant, layers)
-    names = kernel_names({p.degree for p in plans if p.degree})
+    names = kernel_names(layers, plans, smem, variant)
     t_compile = time.perf_counter()
-    module, compiled = module_and_whether_compiled(device_id, sorted(names), config)
+    module, compiled = module_and_whether_compiled(device_id, names, config)
     compile_s = time.perf_counter() - t_compile
     launcher = Launcher(cp, module, config, sms, variant,
                         functools.partial(blocks_per_sm, props))
@@ -87,7 +96,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     with device, stream:
         grouped = group_runs(cp, layers, plans)
         for k, (layer, plan) in enumerate(zip(layers, plans)):
-            entry = launcher.layer_entry(layer, plan, smem_limit, grouped.get(k))
+            entry = launcher.layer_entry(layer, plan, smem, grouped.get(k))
             kinds[entry.plan.kind] = kinds.get(entry.plan.kind, 0) + 1
             forms[entry.plan.kernel] = forms.get(entry.plan.kernel, 0) + 1
             entries.append(entry)
