@@ -76,11 +76,8 @@ def kernel_names(layers: Sequence[Layer], plans: Sequence[lay.LayerPlan], smem_l
     names = {"scatter_rows<u16>", "scatter_rows<int>"}
     for layer, plan in zip(layers, plans):
         forms = [plan]
-        if plan.kind == "group":
-            uniform = layer.values is None  # one weight for all: the shared-sum form
-            names.add(f"layer_group_sum<{plan.degree}>" if uniform else plan.kernel)
-            forms = ([lay.plan_layer(layer, smem_limit, variant, grouped=False)]
-                     if variant == "auto" else [])
+        if plan.kind == "group" and variant == "auto":
+            forms.append(lay.plan_layer(layer, smem_limit, variant, grouped=False))
         for form in forms:
             names.add(form.kernel)
             if form.is_ell:

@@ -7,7 +7,7 @@ kernels given by name).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -142,9 +142,6 @@ class Launcher:
             groups = grouped or lay.group_layout(layer, cp)
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-            elif layer.values is None:
-                # one weight for all: a group's slots share one sum (the same bits)
-                plan = replace(plan, kernel=f"layer_group_sum<{plan.degree}>")
         full = self.launch(plan)
         keep: list = []  # device arrays the launch arguments point to
         extra_held = None

@@ -150,7 +150,9 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     tile_bytes = layer.n_in * TILE_ROWS * 4
     fits32 = tile_bytes <= smem_limit
     if degree_ok and (variant == "group" or (variant == "auto" and grouped)):
-        return LayerPlan("group", f"layer_group<{d}>", d, 0)
+        # one weight for all: a group's slots share one sum (the same bits)
+        kernel = "layer_group_sum" if layer.values is None else "layer_group"
+        return LayerPlan("group", f"{kernel}<{d}>", d, 0)
     if ell_ok and variant != "csr":
         # staged tile: 39.0 against 30.8 TE/s at 1024 x 120 (H200, 2026-12-02)
         if fits32 and variant in ("auto", "smem32"):
