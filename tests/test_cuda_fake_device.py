@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from conftest import block_layer, fixed_degree_layer, random_network
 
+from spdnn_mpi.backends.cuda import held
 from spdnn_mpi.model import Network, SparseRows
 
 #: An H100's properties, as far as the backend reads them.
-PROPS = {"name": b"fake H100", "multiProcessorCount": 132, "sharedMemPerBlockOptin": 232448,
+PROPS = {"name": b"fake H100", "major": 9, "multiProcessorCount": 132,
+         "sharedMemPerBlockOptin": 232448,
          "regsPerMultiprocessor": 65536, "maxThreadsPerMultiProcessor": 2048,
          "sharedMemPerMultiprocessor": 233472, "l2CacheSize": 50 << 20}
 
@@ -232,6 +234,31 @@ def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_l
     assert backend.live_count() == 0
 
 
+def test_converged_shared_sum_layers_run_as_one_launch_a_run(backend_and_log):
+    """Once rows are held, consecutive uniform grouped layers of one degree are one
+    layers_held_sum launch (a run of one, or whole tiles, the layer's own kernel)."""
+    backend, log = backend_and_log
+    rng = np.random.default_rng(2)
+    same = [block_layer(rng, 256, 256, 16, values=False, min_group=16) for _ in range(4)]
+    general = random_network(rng, [256, 256], 0.05).layers[0]
+    net = Network([same[0], same[1], same[2], general, same[3]])
+    rows = SparseRows.from_dense((rng.random((50, 256)) < 0.2).astype(np.float32))
+    backend.load_network(net.layers)
+    backend.load_features(rows, drop_empty=True)
+    backend.run_layer(0, drop_dead=True)
+    backend.merge_duplicate_rows()  # the fake's kernels keep no row: 8 held from here
+    log.clear()
+    for k in range(1, 5):
+        backend.run_layer(k, drop_dead=True)
+    backend.flush()
+    held8 = ["layers_held_sum<16,8>", "layer_csr4<true,true>", "layer_group_sum<16>"]
+    assert log[:5] == ["capture(", *held8, ")"]
+    whole = log[log.index("capture(", 1):].copy()  # the whole-tile form, captured next
+    assert whole[1] == "layer_group_sum<16>" and "layers_held_sum" not in whole[2]
+    assert log[-1] == "graph"
+    assert sum(name.startswith("layers_held_sum<16,") for name in log) == 3  # 8, 16, 32
+
+
 def test_a_compile_is_seen_in_cupys_cache_folder(monkeypatch, tmp_path):
     """Whether NVRTC ran is read off CuPy's cache folder: its own answer where CuPy
     gives one, else CUPY_CACHE_DIR; a file added below the folder is a compile."""
@@ -249,3 +276,42 @@ def test_a_compile_is_seen_in_cupys_cache_folder(monkeypatch, tmp_path):
     (tmp_path / "own").mkdir()
     (tmp_path / "own" / "a.cubin").write_bytes(b"x")
     assert comp._cache_files(told) == frozenset({"a.cubin"})
+
+
+def _network_on_fake_device(backend, layers):
+    """The backend's held-layer runs and layer entries of ``layers`` (fake device)."""
+    backend.load_network(layers)
+    net = backend._network
+    return net.held, net.layers
+
+
+def test_runs_are_consecutive_shared_sum_layers_of_one_degree(backend_and_log):
+    rng = np.random.default_rng(3)
+    d32 = block_layer(rng, 256, 256, 32, values=False, min_group=16)
+    d16 = block_layer(rng, 256, 256, 16, values=False, min_group=16)
+    weighted = block_layer(rng, 256, 256, 16)
+    layers = [d32, d32, d32, d16, d16, weighted, d32]
+    runs, entries = _network_on_fake_device(backend_and_log[0], layers)
+    assert [e.plan.kernel for e in entries][:6] == ["layer_group_sum<32>"] * 3 + [
+        "layer_group_sum<16>"] * 2 + ["layer_group<16>"]
+    todo = [(k, True) for k in range(len(layers))]
+    assert [runs.run_length(todo, i) for i in range(len(todo))] == [3, 2, 1, 2, 1, 1, 1]
+    gap = [(0, True), (1, True), (3, True), (4, True)]  # layer 2 ran in an earlier piece
+    assert [runs.run_length(gap, i) for i in range(len(gap))] == [2, 1, 2, 1]
+
+
+def test_table_rows_point_at_each_layers_groups_and_carry_its_epilogue(backend_and_log):
+    rng = np.random.default_rng(4)
+    plain = block_layer(rng, 256, 256, 32, values=False, min_group=16, bias=-0.25)
+    biased = block_layer(rng, 256, 256, 32, values=False, min_group=16)
+    biased.bias = rng.normal(size=256).astype(np.float32)
+    weighted = block_layer(rng, 256, 256, 16)
+    runs, entries = _network_on_fake_device(backend_and_log[0], [plain, biased, weighted])
+    rows = np.asarray(runs.table).view(held.HELD_LAYER_DTYPE)
+    n_groups, gidx, gout = entries[0].extra_held[:3]
+    assert rows[0]["gidx"] == gidx.data.ptr and rows[0]["gout"] == gout.data.ptr
+    assert rows[0]["n_groups"] == n_groups and rows[0]["n_out"] == 256
+    assert rows[0]["bias_v"] == 0 and rows[0]["bias_s"] == np.float32(-0.25)
+    assert rows[0]["scale"] == np.float32(plain.uniform_value) and rows[0]["clip"] == 32
+    assert rows[1]["bias_v"] == entries[1].head[4].data.ptr
+    assert rows[2]["gidx"] == 0  # not a shared-sum layer: never read

@@ -107,9 +107,9 @@ def test_module_instantiates_only_what_the_plans_can_launch():
     scatter = {"scatter_rows<u16>", "scatter_rows<int>"}
     ell = {lay.ell_kernel("smem32", 32, rows) for rows in (0, *lay.ELL_ROWS)}
 
-    def names(layers, variant="auto"):
+    def names(layers, variant="auto", held=False):
         plans = [lay.plan_layer(layer, smem, variant) for layer in layers]
-        return set(kernel_names(layers, plans, smem, variant))
+        return set(kernel_names(layers, plans, smem, variant, held))
 
     # grouped: the shared-sum form, and the ELL forms auto falls back to on sparse groups
     assert names([uniform, uniform]) == scatter | {"layer_group_sum<32>"} | ell
@@ -117,6 +117,10 @@ def test_module_instantiates_only_what_the_plans_can_launch():
     assert names([weighted]) == scatter | {"layer_group<16>", "layer_csr4<true,true>"}
     assert names([uniform], "csr") == scatter | {"layer_csr<true,false,u16>"}
     assert names([uniform, weighted]) == names([uniform]) | names([weighted])
+    # on a device with clusters: the shared-sum layers' one-launch forms, one a rows held
+    held = {f"layers_held_sum<32,{rows}>" for rows in lay.ELL_ROWS}
+    assert names([uniform, weighted], held=True) == names([uniform, weighted]) | held
+    assert names([weighted], held=True) == names([weighted])
 
 
 @pytest.mark.parametrize("values", [True, False])

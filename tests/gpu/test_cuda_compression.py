@@ -146,3 +146,45 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
     backend.load_network(net.layers)
     run_inference(net, rows, backend, compress="auto")
     assert backend._queue.held == held
+
+
+@pytest.mark.parametrize("width,degree,distinct,bias", [
+    (512, 32, 3, -0.3), (1024, 32, 25, -0.3), (3000, 16, 12, 0.0), (2000, 32, 9, "vector")])
+def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degree, distinct,
+                                                                     bias):
+    """RadiX-Net-like layers (groups of 16 outputs sharing their inputs, one weight):
+    once the merged rows fit one tile, runs of them are one layers_held_sum launch.
+    Equal bit for bit to the layer-by-layer kernels and to direct mode, with the same
+    live counts a layer; the reference agrees."""
+    from conftest import block_layer
+
+    from spdnn_mpi.backends.cuda import held
+
+    rng = np.random.default_rng(width + distinct)
+    layers = []
+    for _ in range(48):
+        layer = block_layer(rng, width, width, degree, values=False, min_group=16,
+                            bias=0.0 if bias == "vector" else bias, clip=32.0)
+        if bias == "vector":
+            layer.bias = rng.uniform(-0.2, 0.05, width).astype(np.float32)
+        layers.append(layer)
+    net = Network(layers)
+    rows = duplicated_rows(rng, distinct, 60, width, binary=False)
+    off, auto = _both(net, rows)
+    _assert_exact(net, rows, off, auto)
+    results = []
+    for one_launch in (True, False):
+        backend = cuda_backend()
+        backend.check_costs = CheckCosts()
+        backend.load_network(net.layers)
+        assert (backend._queue._held is not None) == held.supported(backend._props)
+        if not one_launch:
+            backend._queue._held = None
+        results.append(run_inference(net, rows, backend, want_features=True, compress="auto"))
+        assert backend._queue.held > 0  # the last layers ran on the rows held
+    fused, plain = results
+    np.testing.assert_array_equal(fused.alive_ids, plain.alive_ids)
+    np.testing.assert_array_equal(fused.features.view(np.uint32), plain.features.view(np.uint32))
+    np.testing.assert_array_equal(fused.live_per_layer, plain.live_per_layer)
+    assert fused.compression == plain.compression
+    np.testing.assert_array_equal(fused.features.view(np.uint32), auto.features.view(np.uint32))

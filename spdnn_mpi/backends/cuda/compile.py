@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from spdnn_mpi.backends.cuda import held as held_layers
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
@@ -67,12 +68,14 @@ def _cache_files(cupy) -> frozenset[str]:
 
 
 def kernel_names(layers: Sequence[Layer], plans: Sequence[lay.LayerPlan], smem_limit: int,
-                 variant: str) -> list[str]:
+                 variant: str, held: bool = False) -> list[str]:
     """The instantiations these layers' plans can launch, and no others: NVRTC's time
     grows with each one (all 24 forms of degree 32 took 2.3x the time of the 7 a
     challenge network needs, nvcc for sm_90). A grouped layer also gets the kernel
     ``auto`` falls back to where its groups are too sparse (known only once laid out),
-    an ELL layer its forms for rows held in one tile."""
+    an ELL layer its forms for rows held in one tile; with ``held`` (a device that
+    launches clusters) the converged layers' one-launch forms (``held.py``)."""
+
     names = {"scatter_rows<u16>", "scatter_rows<int>"}
     for layer, plan in zip(layers, plans):
         forms = [plan]
@@ -83,4 +86,6 @@ def kernel_names(layers: Sequence[Layer], plans: Sequence[lay.LayerPlan], smem_l
             if form.is_ell:
                 names.update(lay.ell_kernel(form.kind, form.degree, rows)
                              for rows in lay.ELL_ROWS)
+    if held:
+        names |= held_layers.kernel_names(plans)
     return sorted(names)

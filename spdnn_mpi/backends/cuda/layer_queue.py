@@ -13,6 +13,7 @@ import numpy as np
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.features import FeatureBuffers
 from spdnn_mpi.backends.cuda.graphs import GraphCache
+from spdnn_mpi.backends.cuda.held import HeldLayers
 from spdnn_mpi.backends.cuda.launch import LayerLaunch
 from spdnn_mpi.backends.cuda.readback import PackedResults
 
@@ -29,6 +30,7 @@ class LayerQueue:
         self._sms = sms
         self.graphs = GraphCache(graphs)
         self.layers: list[LayerLaunch] = []
+        self._held: HeldLayers | None = None  # converged layers in one launch
         self._compact = None  # compact_rows
         self._gather = None  # gather_results
         self.pending: list[tuple[int, bool]] = []  # (layer, drop dead rows) not launched yet
@@ -36,9 +38,12 @@ class LayerQueue:
         self.merging = False  # merges ran: graphs are captured in every held-rows form
         self.capture_seconds = 0.0  # host time capturing graphs, the device idle meanwhile
 
-    def attach(self, module: Any, layers: list[LayerLaunch]) -> None:
-        """A new network: its layers and the module's loop kernels; no graph kept."""
+    def attach(self, module: Any, layers: list[LayerLaunch],
+               held: HeldLayers | None = None) -> None:
+        """A new network: its layers, the module's loop kernels and (``held``) its
+        converged layers' one-launch form; no graph kept."""
         self.layers = layers
+        self._held = held
         self._compact = module.get_function("compact_rows")
         self._gather = module.get_function("gather_results")
         self.graphs.clear()
@@ -127,9 +132,16 @@ class LayerQueue:
         return self.graphs.key(todo, held, None if gather is None else gather[2])
 
     def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
-        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream."""
-        for k, drop in todo:
-            self.launch(k, drop, held)
+        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream;
+        with rows held, consecutive shared-sum grouped layers as one launch."""
+        b, i = self._buffers, 0
+        while i < len(todo):
+            n = self._held.run_length(todo, i) if held and self._held is not None else 1
+            if n > 1:  # nothing is compacted while rows are held
+                self._held.launch(b.ptrs, b.state, b.live_hist, b.stamps, todo[i][0], n, held)
+            else:
+                self.launch(*todo[i], held)
+            i += n
         if gather is not None:
             self._gather((gather[0],), (256,), gather[1])
             if gather[3]:

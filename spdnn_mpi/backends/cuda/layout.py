@@ -18,7 +18,8 @@ from spdnn_mpi.model import Layer, stacked_indices
 
 #: The kernel sources, compiled together as one NVRTC program.
 KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh")
-KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu")
+KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu",
+                "spdnn_held.cu")
 
 #: Rows per feature tile (one warp, one lane per row).
 TILE_ROWS = 32

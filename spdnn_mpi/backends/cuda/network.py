@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spdnn_mpi.backends.cuda import held as held_layers
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.compile import kernel_names, module_and_whether_compiled
 from spdnn_mpi.backends.cuda.config import KernelConfig
@@ -30,6 +31,7 @@ class DeviceNetwork:
     module: Any
     layers: list[LayerLaunch]
     width: int  # the widest layer's inputs or outputs
+    held: held_layers.HeldLayers | None  # converged layers in one launch (None: no clusters)
     info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
 
 
@@ -45,7 +47,8 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 
 def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[str]:
     """The kernel instantiations ``layers`` need on a device with ``props``."""
-    return kernel_names(layers, plan_layers(props, variant, layers), smem_limit(props), variant)
+    return kernel_names(layers, plan_layers(props, variant, layers), smem_limit(props), variant,
+                        held_layers.supported(props))
 
 
 def group_runs(cp: Any, layers: Sequence[Layer],
@@ -83,7 +86,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     sms = int(props["multiProcessorCount"])
     smem = smem_limit(props)
     plans = plan_layers(props, variant, layers)
-    names = kernel_names(layers, plans, smem, variant)
+    names = kernel_names(layers, plans, smem, variant, held_layers.supported(props))
     t_compile = time.perf_counter()
     module, compiled = module_and_whether_compiled(device_id, names, config)
     compile_s = time.perf_counter() - t_compile
@@ -103,6 +106,8 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
             width = max(width, layer.n_in, layer.n_out)
             if progress is not None:
                 progress(len(entries))
+        held = (held_layers.HeldLayers(cp, module, entries, config)
+                if held_layers.supported(props) else None)
         stream.synchronize()
     info = {
         "kernels": kinds,
@@ -113,4 +118,4 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
         "kernels_compiled": compiled,
         "grids": sorted({(e.plan.kind, e.full.grid, e.full.threads) for e in entries}),
     }
-    return DeviceNetwork(module, entries, width, info)
+    return DeviceNetwork(module, entries, width, held, info)

@@ -1,0 +1,185 @@
+// Converged layers in one launch. Once the compressed rows fit one tile
+// (at most 32 rows held), a uniform grouped layer is a few microseconds of
+// gathers, and its launch and the drain between two kernels cost more than
+// that. layers_held_sum runs a run of consecutive uniform grouped layers of
+// degree D in one launch: a cluster of blocks (sm_90; one block before) walks
+// the layers with a cluster barrier between two, and does each layer's
+// bookkeeping as block_plan does with one tile and no compaction: the live
+// count, the timestamp, the masks' parities and the buffer in use.
+//
+// A layer's sums are those of layer_group_sum (the same adds in the same
+// order), over the HR rows held only: HR / 4 lanes a group, 4 rows a lane.
+// Features written in one layer are read by other blocks in the next, so they
+// are loaded through L2 (ld.global.cg), never through the read-only path.
+#include "spdnn_layer.cuh"
+
+// One layer's arguments, in a device array indexed by layer (the host builds
+// it with the same field offsets: network.HELD_LAYER_DTYPE).
+struct HeldLayer {
+  const u16* gidx;  // n_groups x D input ids
+  const int* gout;  // n_groups x 16 output ids (-1: unused slot)
+  const float* bias_v;  // null: bias_s for every output
+  int n_groups;  // a multiple of 4
+  int n_out;
+  float scale;
+  float bias_s;
+  float floor;
+  float clip;
+};
+
+#if __CUDA_ARCH__ >= 900
+#define HELD_CLUSTER_DIMS __cluster_dims__(SPDNN_HELD_CLUSTER, 1, 1)
+#else
+#define HELD_CLUSTER_DIMS
+#endif
+
+// Every block of the launch reaches this point before any goes on; the writes
+// before it are seen after it (release / acquire at cluster scope).
+__device__ __forceinline__ void held_barrier() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+__device__ __forceinline__ int held_rank() {
+#if __CUDA_ARCH__ >= 900
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+#else
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ int held_blocks() {
+#if __CUDA_ARCH__ >= 900
+  u32 n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return (int)n;
+#else
+  return 1;
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Layers k0 .. k0 + n_layers - 1 on the HR rows held in tile 0 (ST_ROWS <= HR).
+// The grid is one cluster; a block of SPDNN_HELD_THREADS threads.
+template <int D, int HR>
+__global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
+    layers_held_sum(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
+                    int n_layers, int* state, int* live_hist, u64* stamps) {
+  static_assert(D % 8 == 0, "degree must be a multiple of 8");
+  static_assert(HR == 8 || HR == 16 || HR == 32, "rows held: 8, 16 or 32");
+  constexpr int LPG = HR / 4;  // lanes a group
+  constexpr int GPW = 32 / LPG;  // groups a warp step
+  constexpr int B = D < SPDNN_HELD_BATCH ? D : SPDNN_HELD_BATCH;
+  static_assert(D % B == 0 && B % 2 == 0, "batch must divide the degree");
+  __shared__ u32 s_alive;
+  float* const buf0 = reinterpret_cast<float*>(ptrs[P_BUF0]);
+  float* const buf1 = reinterpret_cast<float*>(ptrs[P_BUF1]);
+  u32* const masks = reinterpret_cast<u32*>(ptrs[P_MASKS]);
+  const i64 max_tiles = ptrs[P_MAX_TILES];
+  const int rank = held_rank(), n_blocks = held_blocks();
+  const bool lead = rank == 0 && threadIdx.x == 0;  // does the layers' bookkeeping
+  const u32 valid = valid_bits(0, ld_state(state, ST_ROWS));
+  int sel = ld_state(state, ST_SEL);
+  const int lane = threadIdx.x & 31;
+  const int gl = lane / LPG, r4 = (lane % LPG) * 4;
+  const int warp = rank * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int n_warps = n_blocks * (blockDim.x >> 5);
+  const int thread = rank * blockDim.x + threadIdx.x;
+  const int n_threads = n_blocks * blockDim.x;
+  u32 live = 0u;
+  for (int j = 0; j < n_layers; ++j) {
+    const int k = k0 + j;
+    const HeldLayer L = table[k];
+    if (j + 1 < n_layers) {  // the next layer's ids do not depend on this one
+      const HeldLayer& nx = table[k + 1];
+      const char* ids = reinterpret_cast<const char*>(nx.gidx);
+      const i64 bytes = (i64)nx.n_groups * D * 2;
+      for (i64 at = (i64)thread * 128; at < bytes; at += (i64)n_threads * 128) {
+        prefetch_l2(ids + at);
+      }
+    }
+    if (lead) {
+      // the other parity held layer k - 1's bits (read last round): cleared now, as
+      // block_plan clears it, before the barrier that lets layer k + 1 set them
+      masks[((k + 1) & 1) * max_tiles] = 0u;
+    }
+    if (threadIdx.x == 0) s_alive = 0u;
+    __syncthreads();
+    const float* src = sel ? buf1 : buf0;
+    float* dst = sel ? buf0 : buf1;
+    u32 alive = 0u;
+    const int steps = (L.n_groups + GPW - 1) / GPW;
+    for (int s = warp; s < steps; s += n_warps) {
+      const int g = s * GPW + gl;
+      if (g >= L.n_groups) continue;
+      const uint4* ip = reinterpret_cast<const uint4*>(L.gidx) + (i64)g * (D / 8);
+      const float* xq = src + r4;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int p0 = 0; p0 < D; p0 += B) {
+        float4 x[B];
+#pragma unroll
+        for (int p = 0; p < B; p += 2) {
+          const uint4 iv = __ldg(ip + (p0 + p) / 8);
+          const u32 w = (&iv.x)[((p0 + p) % 8) / 2];
+          x[p] = __ldcg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
+          x[p + 1] = __ldcg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
+        }
+#pragma unroll
+        for (int p = 0; p < B; ++p) {  // the order and rounding of layer_group_sum
+          acc.x = __fadd_rn(acc.x, x[p].x);
+          acc.y = __fadd_rn(acc.y, x[p].y);
+          acc.z = __fadd_rn(acc.z, x[p].z);
+          acc.w = __fadd_rn(acc.w, x[p].w);
+        }
+      }
+      const int4* op = reinterpret_cast<const int4*>(L.gout) + (i64)g * 4;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int4 o4 = __ldg(op + q);
+        const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int id = ids[e];
+          if (id < 0) continue;
+          const float b = L.bias_v ? __ldg(L.bias_v + id) : L.bias_s;
+          const float4 y = make_float4(
+              fminf(fmaxf(fmaf(acc.x, L.scale, b), L.floor), L.clip),
+              fminf(fmaxf(fmaf(acc.y, L.scale, b), L.floor), L.clip),
+              fminf(fmaxf(fmaf(acc.z, L.scale, b), L.floor), L.clip),
+              fminf(fmaxf(fmaf(acc.w, L.scale, b), L.floor), L.clip));
+          *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
+          alive |= alive4(y) << r4;
+        }
+      }
+    }
+    alive = __reduce_or_sync(0xffffffffu, alive);
+    if (lane == 0 && alive) atomicOr(&s_alive, alive);
+    __syncthreads();
+    u32* mask = masks + (k & 1) * max_tiles;
+    if (threadIdx.x == 0 && s_alive) atomicOr(mask, s_alive);
+    held_barrier();  // layer k is written everywhere: its outputs, its alive bits
+    if (lead) {
+      live = __ldcg(mask) & valid;
+      live_hist[k] = __popc(live);
+      stamps[k + 1] = global_ns();
+    }
+    sel ^= 1;
+  }
+  if (lead) {  // the state block_plan leaves after the last of them
+    state[ST_SEL] = sel;
+    state[ST_NEW_ROWS] = __popc(live);
+    state[ST_DO_COMPACT] = 0;
+    state[ST_DID_COMPACT] = 0;
+    __threadfence();
+  }
+}

@@ -1,0 +1,35 @@
+"""Converged layers in one launch on the CUDA backend (no GPU): the argument table
+is the struct the kernel reads (its runs and rows: test_cuda_fake_device.py)."""
+
+from __future__ import annotations
+
+import re
+
+from spdnn_mpi.backends.cuda import held
+from spdnn_mpi.backends.cuda import layout as lay
+
+#: Bytes of the C types HeldLayer's fields are declared with.
+_C_SIZES = {"u16*": 8, "int*": 8, "float*": 8, "int": 4, "float": 4}
+
+
+def test_argument_table_matches_the_kernels_struct_field_for_field():
+    """HELD_LAYER_DTYPE is read by the kernel as ``struct HeldLayer``: same fields, in
+    the same order, at the offsets the C layout gives them."""
+    source = (lay.kernel_source_dir() / "spdnn_held.cu").read_text(encoding="utf-8")
+    body = re.search(r"struct HeldLayer \{(.*?)\};", source, re.S).group(1)
+    fields = []
+    for line in body.splitlines():
+        m = re.match(r"\s*(?:const\s+)?(\w+)\s*(\*?)\s*([\w, ]+);", line)
+        if m:
+            fields += [(name.strip(), m.group(1) + m.group(2))
+                       for name in m.group(3).split(",")]
+    offset, offsets = 0, []
+    for _name, ctype in fields:
+        size = _C_SIZES[ctype]
+        offset = -(-offset // size) * size
+        offsets.append(offset)
+        offset += size
+    dtype = held.HELD_LAYER_DTYPE
+    assert [name for name, _ in fields] == list(dtype.names)
+    assert offsets == [dtype.fields[name][1] for name in dtype.names]
+    assert dtype.itemsize == -(-offset // 8) * 8
