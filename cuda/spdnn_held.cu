@@ -33,11 +33,17 @@ struct HeldLayer {
 #define HELD_CLUSTER_DIMS
 #endif
 
-// Every block of the launch reaches this point before any goes on; the writes
-// before it are seen after it (release / acquire at cluster scope).
-__device__ __forceinline__ void held_barrier() {
+// The blocks' barrier, in two halves: no block passes held_wait before every
+// block reached held_arrive, and the writes before held_arrive are seen after
+// held_wait (release / acquire at cluster scope).
+__device__ __forceinline__ void held_arrive() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void held_wait() {
+#if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #else
   __syncthreads();
@@ -68,8 +74,84 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// A layer's input ids into L2, 128 bytes a thread of the launch.
+template <int D>
+__device__ __forceinline__ void prefetch_ids(const HeldLayer& L, int thread, int n_threads) {
+  const char* ids = reinterpret_cast<const char*>(L.gidx);
+  const i64 bytes = (i64)L.n_groups * D * 2;
+  for (i64 at = (i64)thread * 128; at < bytes; at += (i64)n_threads * 128) {
+    prefetch_l2(ids + at);
+  }
+}
+
+// A group's input ids (D / 8 uint4) and output ids (4 int4) in registers.
+template <int D>
+struct GroupIds {
+  uint4 in[D / 8];
+  int4 out[4];
+};
+
+template <int D>
+__device__ __forceinline__ void load_group_ids(const HeldLayer& L, int g, GroupIds<D>& ids) {
+  const uint4* ip = reinterpret_cast<const uint4*>(L.gidx) + (i64)g * (D / 8);
+  const int4* op = reinterpret_cast<const int4*>(L.gout) + (i64)g * 4;
+#pragma unroll
+  for (int q = 0; q < D / 8; ++q) ids.in[q] = __ldg(ip + q);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) ids.out[q] = __ldg(op + q);
+}
+
+// One group on this lane's 4 rows (xq: the rows' neuron 0 of the input tile): the
+// sum of layer_group_sum, then each used slot's epilogue stored at dst; returns
+// the rows' alive bits as bits of the tile.
+template <int D>
+__device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>& ids,
+                                          const float* xq, float* dst, int r4) {
+  constexpr int B = D < SPDNN_HELD_BATCH ? D : SPDNN_HELD_BATCH;
+  static_assert(D % B == 0 && B % 2 == 0, "batch must divide the degree");
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int p0 = 0; p0 < D; p0 += B) {
+    float4 x[B];
+#pragma unroll
+    for (int p = 0; p < B; p += 2) {
+      const u32 w = (&ids.in[(p0 + p) / 8].x)[((p0 + p) % 8) / 2];
+      x[p] = __ldcg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
+      x[p + 1] = __ldcg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
+    }
+#pragma unroll
+    for (int p = 0; p < B; ++p) {  // the order and rounding of layer_group_sum
+      acc.x = __fadd_rn(acc.x, x[p].x);
+      acc.y = __fadd_rn(acc.y, x[p].y);
+      acc.z = __fadd_rn(acc.z, x[p].z);
+      acc.w = __fadd_rn(acc.w, x[p].w);
+    }
+  }
+  u32 alive = 0u;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int out[4] = {ids.out[q].x, ids.out[q].y, ids.out[q].z, ids.out[q].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int id = out[e];
+      if (id < 0) continue;
+      const float b = L.bias_v ? __ldg(L.bias_v + id) : L.bias_s;
+      const float4 y = make_float4(fminf(fmaxf(fmaf(acc.x, L.scale, b), L.floor), L.clip),
+                                   fminf(fmaxf(fmaf(acc.y, L.scale, b), L.floor), L.clip),
+                                   fminf(fmaxf(fmaf(acc.z, L.scale, b), L.floor), L.clip),
+                                   fminf(fmaxf(fmaf(acc.w, L.scale, b), L.floor), L.clip));
+      *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
+      alive |= alive4(y) << r4;
+    }
+  }
+  return alive;
+}
+
 // Layers k0 .. k0 + n_layers - 1 on the HR rows held in tile 0 (ST_ROWS <= HR).
-// The grid is one cluster; a block of SPDNN_HELD_THREADS threads.
+// The grid is one cluster; a block of SPDNN_HELD_THREADS threads. What does not
+// depend on a layer's inputs (its arguments, a warp's first group ids, the next
+// layer's ids into L2) is loaded while the blocks wait for each other, and the
+// lead thread's bookkeeping of layer k lands in layer k + 1, off the barrier's path.
 template <int D, int HR>
 __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
     layers_held_sum(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
@@ -78,9 +160,7 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
   static_assert(HR == 8 || HR == 16 || HR == 32, "rows held: 8, 16 or 32");
   constexpr int LPG = HR / 4;  // lanes a group
   constexpr int GPW = 32 / LPG;  // groups a warp step
-  constexpr int B = D < SPDNN_HELD_BATCH ? D : SPDNN_HELD_BATCH;
-  static_assert(D % B == 0 && B % 2 == 0, "batch must divide the degree");
-  __shared__ u32 s_alive;
+  __shared__ u32 s_alive[2];  // this block's alive bits, by layer parity
   float* const buf0 = reinterpret_cast<float*>(ptrs[P_BUF0]);
   float* const buf1 = reinterpret_cast<float*>(ptrs[P_BUF1]);
   u32* const masks = reinterpret_cast<u32*>(ptrs[P_MASKS]);
@@ -95,25 +175,17 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
   const int n_warps = n_blocks * (blockDim.x >> 5);
   const int thread = rank * blockDim.x + threadIdx.x;
   const int n_threads = n_blocks * blockDim.x;
-  u32 live = 0u;
+  if (threadIdx.x < 2) s_alive[threadIdx.x] = 0u;
+  HeldLayer L = table[k0];
+  GroupIds<D> first;  // this warp's first group of layer k, loaded ahead
+  if (warp * GPW + gl < L.n_groups) load_group_ids<D>(L, warp * GPW + gl, first);
+  if (n_layers > 1) prefetch_ids<D>(table[k0 + 1], thread, n_threads);  // into L2
+  __syncthreads();
   for (int j = 0; j < n_layers; ++j) {
     const int k = k0 + j;
-    const HeldLayer L = table[k];
-    if (j + 1 < n_layers) {  // the next layer's ids do not depend on this one
-      const HeldLayer& nx = table[k + 1];
-      const char* ids = reinterpret_cast<const char*>(nx.gidx);
-      const i64 bytes = (i64)nx.n_groups * D * 2;
-      for (i64 at = (i64)thread * 128; at < bytes; at += (i64)n_threads * 128) {
-        prefetch_l2(ids + at);
-      }
-    }
-    if (lead) {
-      // the other parity held layer k - 1's bits (read last round): cleared now, as
-      // block_plan clears it, before the barrier that lets layer k + 1 set them
-      masks[((k + 1) & 1) * max_tiles] = 0u;
-    }
-    if (threadIdx.x == 0) s_alive = 0u;
-    __syncthreads();
+    u32* const other = masks + ((k + 1) & 1) * max_tiles;  // layer k - 1's bits
+    u32 prev = 0u;
+    if (lead && j > 0) prev = __ldcg(other);
     const float* src = sel ? buf1 : buf0;
     float* dst = sel ? buf0 : buf1;
     u32 alive = 0u;
@@ -121,63 +193,42 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
     for (int s = warp; s < steps; s += n_warps) {
       const int g = s * GPW + gl;
       if (g >= L.n_groups) continue;
-      const uint4* ip = reinterpret_cast<const uint4*>(L.gidx) + (i64)g * (D / 8);
-      const float* xq = src + r4;
-      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int p0 = 0; p0 < D; p0 += B) {
-        float4 x[B];
-#pragma unroll
-        for (int p = 0; p < B; p += 2) {
-          const uint4 iv = __ldg(ip + (p0 + p) / 8);
-          const u32 w = (&iv.x)[((p0 + p) % 8) / 2];
-          x[p] = __ldcg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
-          x[p + 1] = __ldcg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
-        }
-#pragma unroll
-        for (int p = 0; p < B; ++p) {  // the order and rounding of layer_group_sum
-          acc.x = __fadd_rn(acc.x, x[p].x);
-          acc.y = __fadd_rn(acc.y, x[p].y);
-          acc.z = __fadd_rn(acc.z, x[p].z);
-          acc.w = __fadd_rn(acc.w, x[p].w);
-        }
-      }
-      const int4* op = reinterpret_cast<const int4*>(L.gout) + (i64)g * 4;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int4 o4 = __ldg(op + q);
-        const int ids[4] = {o4.x, o4.y, o4.z, o4.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int id = ids[e];
-          if (id < 0) continue;
-          const float b = L.bias_v ? __ldg(L.bias_v + id) : L.bias_s;
-          const float4 y = make_float4(
-              fminf(fmaxf(fmaf(acc.x, L.scale, b), L.floor), L.clip),
-              fminf(fmaxf(fmaf(acc.y, L.scale, b), L.floor), L.clip),
-              fminf(fmaxf(fmaf(acc.z, L.scale, b), L.floor), L.clip),
-              fminf(fmaxf(fmaf(acc.w, L.scale, b), L.floor), L.clip));
-          *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
-          alive |= alive4(y) << r4;
-        }
+      if (s == warp) {
+        alive |= held_group<D>(L, first, src + r4, dst, r4);
+      } else {
+        GroupIds<D> ids;
+        load_group_ids<D>(L, g, ids);
+        alive |= held_group<D>(L, ids, src + r4, dst, r4);
       }
     }
     alive = __reduce_or_sync(0xffffffffu, alive);
-    if (lane == 0 && alive) atomicOr(&s_alive, alive);
-    __syncthreads();
-    u32* mask = masks + (k & 1) * max_tiles;
-    if (threadIdx.x == 0 && s_alive) atomicOr(mask, s_alive);
-    held_barrier();  // layer k is written everywhere: its outputs, its alive bits
+    if (lane == 0 && alive) atomicOr(&s_alive[j & 1], alive);
     if (lead) {
-      live = __ldcg(mask) & valid;
-      live_hist[k] = __popc(live);
-      stamps[k + 1] = global_ns();
+      if (j > 0) live_hist[k - 1] = __popc(prev & valid);
+      *other = 0u;  // cleared for layer k + 1, which sets it after the barrier
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const u32 bits = s_alive[j & 1];
+      if (bits) atomicOr(masks + (k & 1) * max_tiles, bits);
+      s_alive[(j + 1) & 1] = 0u;
+    }
+    held_arrive();
+    if (j + 1 < n_layers) {  // while waiting: the next layer's arguments and first ids
+      L = table[k + 1];
+      if (warp * GPW + gl < L.n_groups) load_group_ids<D>(L, warp * GPW + gl, first);
+    }
+    if (j + 2 < n_layers) prefetch_ids<D>(table[k + 2], thread, n_threads);  // into L2
+    held_wait();  // layer k is written everywhere: its outputs, its alive bits
+    if (lead) stamps[k + 1] = global_ns();
     sel ^= 1;
   }
-  if (lead) {  // the state block_plan leaves after the last of them
+  if (lead) {  // the last layer's count, and the state block_plan leaves
+    const int last = k0 + n_layers - 1;
+    const int live = __popc(__ldcg(masks + (last & 1) * max_tiles) & valid);
+    live_hist[last] = live;
     state[ST_SEL] = sel;
-    state[ST_NEW_ROWS] = __popc(live);
+    state[ST_NEW_ROWS] = live;
     state[ST_DO_COMPACT] = 0;
     state[ST_DID_COMPACT] = 0;
     __threadfence();

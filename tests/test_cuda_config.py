@@ -12,13 +12,15 @@ from spdnn_mpi.backends.cuda.config import KernelConfig, parse_defines
 from spdnn_mpi.errors import SpdnnError
 
 #: The values every remaining setting had in the kernels before the settings became
-#: one record (DEFAULT_DEFINES and the kernel files' own fallbacks).
+#: one record (DEFAULT_DEFINES and the kernel files' own fallbacks), and those of the
+#: converged layers' one-launch kernel (SPDNN_HELD_*) since.
 BEFORE = {
     "SPDNN_SMEM_THREADS": 512, "SPDNN_GLOBAL_THREADS": 256, "SPDNN_GROUP_THREADS": 256,
     "SPDNN_ELL_BATCH": 8, "SPDNN_FEW_BATCH": 32, "SPDNN_CSR_WARP_OUTPUTS": 8,
     "SPDNN_CSR_ITEMS_PER_BLOCK": 1, "SPDNN_CSR4_GROUP": 4, "SPDNN_CSR4_MIN_BLOCKS": 1,
     "SPDNN_GROUP_LANE_SLOTS": 8, "SPDNN_GROUP_MIN_BLOCKS": 3, "SPDNN_GROUP_BATCH": 8,
-    "SPDNN_GSUM_BATCH": 32, "SPDNN_GSUM_MIN_BLOCKS": 2, "SPDNN_COMPACT_DIV": 10,
+    "SPDNN_GSUM_BATCH": 32, "SPDNN_GSUM_MIN_BLOCKS": 2, "SPDNN_HELD_THREADS": 256,
+    "SPDNN_HELD_CLUSTER": 8, "SPDNN_HELD_BATCH": 32, "SPDNN_COMPACT_DIV": 10,
     "SPDNN_COMPACT_WARP_NEURONS": 64, "SPDNN_MERGE_COLLIDE": 0,
 }
 

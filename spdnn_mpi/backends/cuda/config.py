@@ -57,10 +57,11 @@ class KernelConfig:
     gsum_min_blocks: int = 2
 
     #: converged layers in one launch (layers_held_sum): threads a block, blocks in
-    #: its cluster (8: the portable most), input loads in flight a lane
-    held_threads: int = 512
+    #: its cluster (8: the portable most), input loads in flight a lane; measured in
+    #: docs/design.md
+    held_threads: int = 256
     held_cluster: int = 8
-    held_batch: int = 16
+    held_batch: int = 32
 
     #: a plan compacts when that frees at least 1/compact_div of the tiles; 20: 76.0
     #: against 82.0 TE/s (H100)
