@@ -9,6 +9,7 @@ the numbers, which the GPU tests in tests/gpu compare with the reference.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import sys
 import types
 
@@ -157,11 +158,20 @@ def fake_cupy(rec: Recorder) -> types.ModuleType:
 @pytest.fixture
 def backend_and_log(monkeypatch):
     from spdnn_mpi.backends.cuda import compile as comp
+    from spdnn_mpi.backends.cuda import launch
+    from spdnn_mpi.backends.cuda import layout as lay
+
+    def host_group_layouts(self, layers):  # no kernel runs here: the host reference's
+        return [dataclasses.replace(g, indices=self.cp.asarray(g.indices),
+                                    out_ids=self.cp.asarray(g.out_ids),
+                                    weights=self.cp.asarray(g.weights))
+                for g in lay.group_layouts(layers)]
 
     rec = Recorder()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(rec))
     monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=np.zeros))
     monkeypatch.setattr(comp, "_MODULES", {})  # no fake module left for a real GPU test
+    monkeypatch.setattr(launch.Launcher, "group_layouts", host_group_layouts)
     from spdnn_mpi.backends.cuda.backend import CudaBackend
 
     return CudaBackend(), rec.log

@@ -32,10 +32,15 @@ class _FakeModule:
         return self.kernels.setdefault(name, _FakeKernel(name))
 
 
+class _HostLauncher(Launcher):
+    def group_layouts(self, layers):  # NumPy layouts: the host reference's groups
+        return lay.group_layouts(layers)
+
+
 def planning_launcher():
     """The launch planning of the CUDA backend with NumPy layouts and kernels by name."""
-    return Launcher(np, _FakeModule(), KernelConfig(), 132, "auto",
-                    lambda kern, threads, smem: 2)
+    return _HostLauncher(np, _FakeModule(), KernelConfig(), 132, "auto",
+                         lambda kern, threads, smem: 2)
 
 
 def test_shared_memory_limit_of_a_kernel_is_only_raised():

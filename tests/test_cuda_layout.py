@@ -12,6 +12,17 @@ from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.model import Layer, stacked_indices
 
 
+def test_the_device_grouping_kernels_share_the_hosts_constants():
+    from spdnn_mpi.backends.cuda import grouping
+
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "spdnn_group_layout.cu").read_text()
+    assert f"#define GL_SLOTS {lay.GROUP_SLOTS} " in src
+    assert f"#define GL_HASH_MUL 0x{int(lay._HASH_MUL):X}ull " in src
+    assert f"#define GL_WALK_THREADS {grouping.WALK_THREADS} " in src
+    assert all(f"void {name}(" in src or f"    {name}(" in src
+               for name in grouping.GROUP_LAYOUT_KERNELS)
+
+
 def test_kernel_sources_found_and_assembled():
     folder = lay.kernel_source_dir()
     for name in lay.KERNEL_HEADERS + lay.KERNEL_UNITS:

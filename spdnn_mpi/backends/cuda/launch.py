@@ -6,7 +6,7 @@ kernels given by name).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.config import KernelConfig
+from spdnn_mpi.backends.cuda.grouping import device_group_layouts
 from spdnn_mpi.model import Layer
 
 #: Warp steps a warp of the grouped kernels takes in a row before striding on; 4: 52.9
@@ -99,6 +100,10 @@ class Launcher:
             kern.max_dynamic_shared_size_bytes = smem_bytes
         return kern
 
+    def group_layouts(self, layers: Sequence[Layer]) -> list[lay.GroupLayout]:
+        """The group layouts of fixed-degree ``layers`` of one shape, built on the device."""
+        return device_group_layouts(self.cp, self.mod, layers, self.sms)
+
     def launch(self, plan: lay.LayerPlan) -> Launch:
         """``plan``'s whole-tile form: as many blocks as fit on the device."""
         kern = self.kernel(plan.kernel, plan.smem_bytes)
@@ -134,12 +139,12 @@ class Launcher:
         """Upload one layer's layout; its kernel, grids and launch arguments.
 
         ``grouped``: the layer's group layout, built with others of its shape by
-        ``layout.group_layouts`` (else built here).
+        ``group_layouts`` (else built here).
         """
         cp = self.cp
         groups = None
         if plan.kind == "group":
-            groups = grouped or lay.group_layout(layer, cp)
+            groups = grouped or self.group_layouts([layer])[0]
             if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
         full = self.launch(plan)

@@ -19,7 +19,7 @@ from spdnn_mpi.model import Layer, stacked_indices
 #: The kernel sources, compiled together as one NVRTC program.
 KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh")
 KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu",
-                "spdnn_held.cu")
+                "spdnn_held.cu", "spdnn_group_layout.cu")
 
 #: Rows per feature tile (one warp, one lane per row).
 TILE_ROWS = 32
@@ -186,64 +186,61 @@ class GroupLayout:
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
-def group_layout(layer: Layer, xp=np) -> GroupLayout:
+def group_layout(layer: Layer) -> GroupLayout:
     """``group_layouts`` of one layer."""
-    return group_layouts([layer], xp)[0]
+    return group_layouts([layer])[0]
 
 
-def group_layouts(layers: Sequence[Layer], xp=np) -> list[GroupLayout]:
+def group_layouts(layers: Sequence[Layer]) -> list[GroupLayout]:
     """Group the outputs of fixed-degree layers of one shape by identical input sets,
-    all layers at once (one layer at a time cost 2.5 ms a layer at 1920 layers).
+    all layers at once: the host reference of the device's ``grouping``.
 
     Equal sets are found exactly (a hash collision only splits a group); groups hold at
     most ``GROUP_SLOTS`` outputs, padded to a multiple of 4 groups per layer. Uniform
-    layers share one block of ones. ``xp`` is the array module (CuPy: on the device).
+    layers share one block of ones.
     """
     n, n_out, d = len(layers), layers[0].n_out, layers[0].row_degree
-    # arrays meet numbers through xp's ufuncs, never an operator: CuPy sends ``a * s``
-    # through NumPy's ufunc dispatch, which imports cupyx.scipy.special (0.29 s a run)
-    rows3 = xp.asarray(stacked_indices(layers))  # (layers, n_out, d)
-    words = rows3.reshape(n * n_out, d).view(xp.uint64)  # d a multiple of 8: d / 4 words
-    h = xp.zeros(n * n_out, dtype=xp.uint64)
+    rows3 = stacked_indices(layers)  # (layers, n_out, d)
+    words = rows3.reshape(n * n_out, d).view(np.uint64)  # d a multiple of 8: d / 4 words
+    h = np.zeros(n * n_out, dtype=np.uint64)
     for c in range(words.shape[1]):
-        h = xp.multiply(h ^ words[:, c], _HASH_MUL)
-    key = (xp.left_shift(rows3[:, :, 0].astype(xp.uint64), np.uint64(48))
-           | xp.right_shift(h.reshape(n, n_out), np.uint64(16)))
-    order = xp.argsort(key, axis=1, kind="stable") if xp is np else xp.argsort(key, axis=1)
-    each = xp.arange(n)[:, None]  # with ``order``: every layer's rows in its own order
+        h = (h ^ words[:, c]) * _HASH_MUL
+    key = (rows3[:, :, 0].astype(np.uint64) << np.uint64(48)) | (h.reshape(n, n_out)
+                                                                  >> np.uint64(16))
+    order = np.argsort(key, axis=1, kind="stable")
+    each = np.arange(n)[:, None]  # with ``order``: every layer's rows in its own order
     srt = rows3[each, order].reshape(n * n_out, d)
-    pos = xp.arange(n * n_out)
-    start = xp.equal(xp.remainder(pos, n_out), 0)  # every layer starts its own runs
-    start[1:] |= xp.any(srt[1:] != srt[:-1], axis=1)
-    within = pos - xp.flatnonzero(start)[xp.subtract(xp.cumsum(start), 1)]
-    slot = xp.remainder(within, GROUP_SLOTS)
-    new = start | xp.equal(slot, 0)
-    gid = xp.subtract(xp.cumsum(new), 1)  # over all layers
-    used = [int(u) for u in (new.reshape(n, n_out).sum(axis=1).get() if xp is not np
-                             else new.reshape(n, n_out).sum(axis=1))]
-    n_groups = [-(-max(u, 1) // 4) * 4 for u in used]
+    pos = np.arange(n * n_out)
+    start = pos % n_out == 0  # every layer starts its own runs
+    start[1:] |= np.any(srt[1:] != srt[:-1], axis=1)
+    within = pos - np.flatnonzero(start)[np.cumsum(start) - 1]
+    slot = within % GROUP_SLOTS
+    new = start | (slot == 0)
+    gid = np.cumsum(new) - 1  # over all layers
+    used = new.reshape(n, n_out).sum(axis=1)
+    n_groups = -(-np.maximum(used, 1) // 4) * 4
     first_used = np.concatenate([[0], np.cumsum(used)[:-1]]).astype(np.int64)
     first_group = np.concatenate([[0], np.cumsum(n_groups)[:-1]]).astype(np.int64)
-    layer = xp.floor_divide(pos, n_out)
-    group = gid - xp.asarray(first_used)[layer] + xp.asarray(first_group)[layer]
-    total = int(sum(n_groups))
-    out_ids = xp.full((total, GROUP_SLOTS), -1, dtype=xp.int32)
-    out_ids[group, slot] = order.reshape(-1).astype(xp.int32)
-    indices = xp.zeros((total, d), dtype=xp.uint16)
+    layer = pos // n_out
+    group = gid - first_used[layer] + first_group[layer]
+    total = int(n_groups.sum())
+    out_ids = np.full((total, GROUP_SLOTS), -1, dtype=np.int32)
+    out_ids[group, slot] = order.reshape(-1)
+    indices = np.zeros((total, d), dtype=np.uint16)
     indices[group[new]] = srt[new]
     uniform = layers[0].values is None
     if uniform:
-        ones = xp.ones(d * GROUP_SLOTS, dtype=xp.float32)
+        ones = np.ones(d * GROUP_SLOTS, dtype=np.float32)
     else:
-        vals = xp.asarray(np.stack([np.asarray(lay.values, dtype=np.float32)
-                                    for lay in layers])).reshape(n, n_out, d)
-        weights = xp.zeros((total, d, GROUP_SLOTS), dtype=xp.float32)
+        vals = np.stack([np.asarray(lay.values, dtype=np.float32)
+                         for lay in layers]).reshape(n, n_out, d)
+        weights = np.zeros((total, d, GROUP_SLOTS), dtype=np.float32)
         weights[group, :, slot] = vals[each, order].reshape(n * n_out, d)
     out = []
     for k in range(n):
         lo, hi = int(first_group[k]), int(first_group[k] + n_groups[k])
         w = ones if uniform else weights[lo:hi].reshape(-1)
-        out.append(GroupLayout(n_groups[k], indices[lo:hi].reshape(-1),
+        out.append(GroupLayout(int(n_groups[k]), indices[lo:hi].reshape(-1),
                                out_ids[lo:hi].reshape(-1), w, 0 if uniform else d * GROUP_SLOTS,
                                n_out / (used[k] * GROUP_SLOTS) if used[k] else 1.0))
     return out

@@ -51,8 +51,8 @@ def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[
                         held_layers.supported(props))
 
 
-def group_runs(cp: Any, layers: Sequence[Layer],
-               plans: list[lay.LayerPlan]) -> dict[int, lay.GroupLayout]:
+def group_runs(build: Callable[[Sequence[Layer]], list[lay.GroupLayout]],
+               layers: Sequence[Layer], plans: list[lay.LayerPlan]) -> dict[int, lay.GroupLayout]:
     """Layer index -> group layout of every layer planned on the
     grouped kernel, built in runs of consecutive layers of one shape (at most
     ``GROUP_BATCH_ENTRIES`` indices a run) rather than one small pass a layer."""
@@ -71,7 +71,7 @@ def group_runs(cp: Any, layers: Sequence[Layer],
                                            layers[j].row_degree,
                                            layers[j].values is None) == shape):
             j += 1
-        for i, built in enumerate(lay.group_layouts(layers[k:j], cp)):
+        for i, built in enumerate(build(layers[k:j])):
             out[k + i] = built
         k = j
     return out
@@ -97,7 +97,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     entries: list[LayerLaunch] = []
     width = 0
     with device, stream:
-        grouped = group_runs(cp, layers, plans)
+        grouped = group_runs(launcher.group_layouts, layers, plans)
         for k, (layer, plan) in enumerate(zip(layers, plans)):
             entry = launcher.layer_entry(layer, plan, smem, grouped.get(k))
             kinds[entry.plan.kind] = kinds.get(entry.plan.kind, 0) + 1
