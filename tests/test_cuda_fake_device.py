@@ -308,6 +308,18 @@ def test_runs_are_consecutive_shared_sum_layers_of_one_degree(backend_and_log):
     assert [runs.run_length(todo, i) for i in range(len(todo))] == [3, 2, 1, 2, 1, 1, 1]
     gap = [(0, True), (1, True), (3, True), (4, True)]  # layer 2 ran in an earlier piece
     assert [runs.run_length(gap, i) for i in range(len(gap))] == [2, 1, 2, 1]
+    # 16 groups of 256 outputs: 1-4 warp steps, so a warp a block (8 blocks) at most
+    assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [32, 32, 32]
+
+
+def test_one_launch_blocks_have_the_warps_the_widest_layers_groups_fill(backend_and_log):
+    rng = np.random.default_rng(5)
+    wide = block_layer(rng, 4096, 4096, 32, values=False, min_group=16)  # 256 groups
+    narrow = block_layer(rng, 4096, 1024, 32, values=False, min_group=16)  # 64 groups
+    runs, _entries = _network_on_fake_device(backend_and_log[0], [wide, wide, narrow])
+    # 256 groups: 16, 32 or 64 warp steps (8 blocks) for 8, 16 or 32 rows held
+    assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [64, 128, 256]
+    assert [runs.threads(2, 1, held) for held in (8, 16, 32)] == [32, 32, 64]
 
 
 def test_table_rows_point_at_each_layers_groups_and_carry_its_epilogue(backend_and_log):

@@ -62,6 +62,7 @@ class HeldLayers:
     def __init__(self, cp: Any, module: Any, entries: Sequence[LayerLaunch],
                  config: KernelConfig) -> None:
         self._degrees = [_degree(e) for e in entries]
+        self._groups = [int(e.extra_held[0]) if d else 0 for e, d in zip(entries, self._degrees)]
         table = np.zeros(len(entries), dtype=HELD_LAYER_DTYPE)
         for k, (entry, degree) in enumerate(zip(entries, self._degrees)):
             if not degree:
@@ -90,9 +91,16 @@ class HeldLayers:
             n += 1
         return n
 
+    def threads(self, k0: int, n_layers: int, held: int) -> int:
+        """Threads a block for layers ``k0`` on: the warps the widest layer's groups
+        fill (a warp step takes 128 / ``held`` groups), at most ``held_threads``: warps
+        with no group would only add to every barrier."""
+        steps = -(-max(self._groups[k0:k0 + n_layers]) // (128 // held))
+        return min(self._threads, 32 * -(-steps // self._blocks))
+
     def launch(self, ptrs: Any, state: Any, live_hist: Any, stamps: Any, k0: int,
                n_layers: int, held: int) -> None:
         """Enqueue layers ``k0`` .. ``k0 + n_layers - 1`` on ``held`` rows, one launch."""
         kern = self._kernels[kernel_name(self._degrees[k0], held)]
-        kern((self._blocks,), (self._threads,),
+        kern((self._blocks,), (self.threads(k0, n_layers, held),),
              (ptrs, self.table, np.int32(k0), np.int32(n_layers), state, live_hist, stamps))
