@@ -8,7 +8,8 @@
 // count, the timestamp, the masks' parities and the buffer in use.
 //
 // A layer's sums are those of layer_group_sum (the same adds in the same
-// order), over the HR rows held only: HR / 4 lanes a group, 4 rows a lane.
+// order), over the rows held only (8, 16 or 32): rows / 4 lanes a group, 4 rows
+// a lane; the rows held are an argument, so a degree is one instantiation.
 // Features written in one layer are read by other blocks in the next, so they
 // are loaded through L2 (ld.global.cg), never through the read-only path.
 #include "spdnn_layer.cuh"
@@ -147,19 +148,19 @@ __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>&
   return alive;
 }
 
-// Layers k0 .. k0 + n_layers - 1 on the HR rows held in tile 0 (ST_ROWS <= HR).
+// Layers k0 .. k0 + n_layers - 1 on the held_rows (8, 16 or 32) rows held in
+// tile 0 (ST_ROWS <= held_rows).
 // The grid is one cluster; a block of SPDNN_HELD_THREADS threads. What does not
 // depend on a layer's inputs (its arguments, a warp's first group ids, the next
 // layer's ids into L2) is loaded while the blocks wait for each other, and the
 // lead thread's bookkeeping of layer k lands in layer k + 1, off the barrier's path.
-template <int D, int HR>
+template <int D>
 __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
     layers_held_sum(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
-                    int n_layers, int* state, int* live_hist, u64* stamps) {
+                    int n_layers, int held_rows, int* state, int* live_hist, u64* stamps) {
   static_assert(D % 8 == 0, "degree must be a multiple of 8");
-  static_assert(HR == 8 || HR == 16 || HR == 32, "rows held: 8, 16 or 32");
-  constexpr int LPG = HR / 4;  // lanes a group
-  constexpr int GPW = 32 / LPG;  // groups a warp step
+  const int lpg_log2 = held_rows == 8 ? 1 : held_rows == 16 ? 2 : 3;  // lanes a group: 2, 4, 8
+  const int gpw = 32 >> lpg_log2;  // groups a warp step
   __shared__ u32 s_alive[2];  // this block's alive bits, by layer parity
   float* const buf0 = reinterpret_cast<float*>(ptrs[P_BUF0]);
   float* const buf1 = reinterpret_cast<float*>(ptrs[P_BUF1]);
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
   const u32 valid = valid_bits(0, ld_state(state, ST_ROWS));
   int sel = ld_state(state, ST_SEL);
   const int lane = threadIdx.x & 31;
-  const int gl = lane / LPG, r4 = (lane % LPG) * 4;
+  const int gl = lane >> lpg_log2, r4 = (lane & ((1 << lpg_log2) - 1)) * 4;
   const int warp = rank * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int n_warps = n_blocks * (blockDim.x >> 5);
   const int thread = rank * blockDim.x + threadIdx.x;
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
   if (threadIdx.x < 2) s_alive[threadIdx.x] = 0u;
   HeldLayer L = table[k0];
   GroupIds<D> first;  // this warp's first group of layer k, loaded ahead
-  if (warp * GPW + gl < L.n_groups) load_group_ids<D>(L, warp * GPW + gl, first);
+  if (warp * gpw + gl < L.n_groups) load_group_ids<D>(L, warp * gpw + gl, first);
   if (n_layers > 1) prefetch_ids<D>(table[k0 + 1], thread, n_threads);  // into L2
   __syncthreads();
   for (int j = 0; j < n_layers; ++j) {
@@ -189,9 +190,9 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
     const float* src = sel ? buf1 : buf0;
     float* dst = sel ? buf0 : buf1;
     u32 alive = 0u;
-    const int steps = (L.n_groups + GPW - 1) / GPW;
+    const int steps = (L.n_groups + gpw - 1) / gpw;
     for (int s = warp; s < steps; s += n_warps) {
-      const int g = s * GPW + gl;
+      const int g = s * gpw + gl;
       if (g >= L.n_groups) continue;
       if (s == warp) {
         alive |= held_group<D>(L, first, src + r4, dst, r4);
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
     held_arrive();
     if (j + 1 < n_layers) {  // while waiting: the next layer's arguments and first ids
       L = table[k + 1];
-      if (warp * GPW + gl < L.n_groups) load_group_ids<D>(L, warp * GPW + gl, first);
+      if (warp * gpw + gl < L.n_groups) load_group_ids<D>(L, warp * gpw + gl, first);
     }
     if (j + 2 < n_layers) prefetch_ids<D>(table[k + 2], thread, n_threads);  // into L2
     held_wait();  // layer k is written everywhere: its outputs, its alive bits

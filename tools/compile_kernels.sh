@@ -41,9 +41,9 @@ config_block $others > "$work/others.h"
       echo "template __global__ void $kern<$d>(P, int, const u16*, const int*, const float*, int, int);"
     done
   done
-  for d in 8 16 32 64; do for rows in 8 16 32; do
-    echo "template __global__ void layers_held_sum<$d,$rows>(const i64*, const HeldLayer*, int, int, int*, int*, u64*);"
-  done; done
+  for d in 8 16 32 64; do
+    echo "template __global__ void layers_held_sum<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*);"
+  done
   for smem in true false; do for vals in true false; do
     echo "template __global__ void layer_csr4<$smem,$vals>(P, const int2*, const u16*, const float*);"
   done; done

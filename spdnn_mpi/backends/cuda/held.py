@@ -36,15 +36,15 @@ def supported(props: dict) -> bool:
     return int(props.get("major", 0)) >= 9
 
 
-def kernel_name(degree: int, rows: int) -> str:
-    """The instantiation for layers of ``degree`` inputs an output, ``rows`` held."""
-    return f"layers_held_sum<{degree},{rows}>"
+def kernel_name(degree: int) -> str:
+    """The instantiation for layers of ``degree`` inputs an output (any rows held:
+    one a degree, since NVRTC's time grows with each)."""
+    return f"layers_held_sum<{degree}>"
 
 
 def kernel_names(plans: Sequence[lay.LayerPlan]) -> set[str]:
     """Every instantiation the plans' uniform grouped layers may run in."""
-    return {kernel_name(p.degree, rows) for p in plans if p.kernel.startswith(_SUM_KERNEL)
-            for rows in lay.ELL_ROWS}
+    return {kernel_name(p.degree) for p in plans if p.kernel.startswith(_SUM_KERNEL)}
 
 
 def _degree(entry: LayerLaunch) -> int:
@@ -75,8 +75,7 @@ class HeldLayers:
         self._threads = config.held_threads
         self._blocks = config.held_cluster  # one cluster: its blocks run together
         self._kernels = {name: module.get_function(name)
-                         for name in sorted({kernel_name(d, r) for d in set(self._degrees)
-                                             if d for r in lay.ELL_ROWS})}
+                         for name in sorted({kernel_name(d) for d in set(self._degrees) if d})}
 
     def run_length(self, todo: Sequence[tuple[int, bool]], i: int) -> int:
         """How many entries of ``todo`` from ``i`` on are consecutive layers of one
@@ -101,6 +100,7 @@ class HeldLayers:
     def launch(self, ptrs: Any, state: Any, live_hist: Any, stamps: Any, k0: int,
                n_layers: int, held: int) -> None:
         """Enqueue layers ``k0`` .. ``k0 + n_layers - 1`` on ``held`` rows, one launch."""
-        kern = self._kernels[kernel_name(self._degrees[k0], held)]
+        kern = self._kernels[kernel_name(self._degrees[k0])]
         kern((self._blocks,), (self.threads(k0, n_layers, held),),
-             (ptrs, self.table, np.int32(k0), np.int32(n_layers), state, live_hist, stamps))
+             (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(held), state,
+              live_hist, stamps))
