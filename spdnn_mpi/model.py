@@ -172,7 +172,8 @@ def stacked_indices(layers: Sequence[Layer]) -> np.ndarray:
     else copied. Both backends lay such runs of layers out in one pass."""
     first, n = np.asarray(layers[0].indices), len(layers)
     shape = (n, layers[0].n_out, layers[0].row_degree)
-    base = first.base if first.base is not None else first
+    # a parse worker's layer views a bytes object, which has no dtype to compare
+    base = first.base if isinstance(first.base, np.ndarray) else first
     if base.dtype == first.dtype and base.ndim == 1 and all(
             lay.indices.base is base or lay.indices is base for lay in layers):
         item, origin = first.itemsize, base.__array_interface__["data"][0]

@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import fixed_degree_layer, random_inputs, random_network
 
 from spdnn_mpi.cli import main
 from spdnn_mpi.formats.tsv import layers as tsv_layers
@@ -114,6 +114,31 @@ def test_two_workers_write_the_same_store_as_one(tree, tmp_path):
     assert one["network/layers"][1] == (L,) and one["network/indices16"][1][0] > 0
     assert contents(tmp_path / "two.h5") == one
     assert contents(tmp_path / "five.h5") == one
+
+
+def test_truth_computed_on_the_cpu_from_layers_parsed_by_workers(tmp_path):
+    """Layers of one shape parsed by workers arrive in buffers the CPU backend lays out
+    together (``model.stacked_indices``): its truth must be the reference's."""
+    from spdnn_mpi.formats.store.reader import Store
+    from spdnn_mpi.model import Network
+    from spdnn_mpi.reference import reference_categories
+
+    rng = np.random.default_rng(3)
+    n = 64
+    layers = [fixed_degree_layer(rng, n, n, 8) for _ in range(6)]
+    for layer in layers:  # every neuron used, as iter_layers checks
+        layer.indices[-1] = n - 1
+    root = tmp_path / "tree"
+    rows = random_inputs(rng, 40, n)
+    tsv_write.write_tree(root, Network(layers), rows, {})
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}.h5"
+        assert prepare("--weights", root / f"neuron{n}", "--inputs",
+                       root / f"sparse-images-{n}.tsv", "--truth-layers", 6,
+                       "--truth-backend", "cpu", "--jobs", jobs, "--out", out) == 0
+        with Store(out) as st:
+            np.testing.assert_array_equal(st.truth(6),
+                                          reference_categories(st.network(6), st.inputs()))
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
