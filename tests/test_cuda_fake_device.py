@@ -312,6 +312,28 @@ def test_runs_are_consecutive_shared_sum_layers_of_one_degree(backend_and_log):
     assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [32, 32, 32]
 
 
+def test_without_clusters_converged_layers_keep_one_launch_a_layer(backend_and_log,
+                                                                   monkeypatch):
+    """Before compute capability 9.0 (no thread-block clusters): no one-launch form is
+    compiled, and held rows run each layer's own kernel."""
+    monkeypatch.setitem(PROPS, "major", 8)
+    backend, log = backend_and_log
+    rng = np.random.default_rng(6)
+    same = [block_layer(rng, 256, 256, 16, values=False, min_group=16) for _ in range(3)]
+    rows = SparseRows.from_dense((rng.random((50, 256)) < 0.2).astype(np.float32))
+    backend.load_network(same)
+    assert backend._network.held is None
+    assert not any("layers_held_sum" in name for name in backend._network.module.names)
+    backend.load_features(rows, drop_empty=True)
+    backend.run_layer(0, drop_dead=True)
+    backend.merge_duplicate_rows()
+    log.clear()
+    for k in (1, 2):
+        backend.run_layer(k, drop_dead=True)
+    backend.flush()
+    assert log[:4] == ["capture(", "layer_group_sum<16>", "layer_group_sum<16>", ")"]
+
+
 def test_one_launch_blocks_have_the_warps_the_widest_layers_groups_fill(backend_and_log):
     rng = np.random.default_rng(5)
     wide = block_layer(rng, 4096, 4096, 32, values=False, min_group=16)  # 256 groups
