@@ -149,7 +149,10 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
 
 
 @pytest.mark.parametrize("width,degree,distinct,bias", [
-    (512, 32, 3, -0.3), (1024, 32, 25, -0.3), (3000, 16, 12, 0.0), (2000, 32, 9, "vector")])
+    (512, 32, 3, -0.1),  # the rows held all live to the end
+    (1024, 32, 25, -0.25),  # they die inside the runs: 25, 19, 5, then 1 live row
+    (1024, 32, 25, -0.2),  # 25, 24, then 23
+    (3000, 16, 12, 0.0), (2000, 32, 9, "vector"), ("1024/512", 32, 20, -0.1)])
 def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degree, distinct,
                                                                      bias):
     """RadiX-Net-like layers (groups of 16 outputs sharing their inputs, one weight):
@@ -160,14 +163,18 @@ def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degr
 
     from spdnn_mpi.backends.cuda import held
 
-    rng = np.random.default_rng(width + distinct)
+    # "1024/512": widths alternate, so a run's layers have other group counts
+    widths = [int(w) for w in str(width).split("/")]
+    rng = np.random.default_rng(widths[-1] + distinct)
     layers = []
-    for _ in range(48):
-        layer = block_layer(rng, width, width, degree, values=False, min_group=16,
+    for k in range(48):
+        n_in, n_out = widths[k % len(widths)], widths[(k + 1) % len(widths)]
+        layer = block_layer(rng, n_in, n_out, degree, values=False, min_group=16,
                             bias=0.0 if bias == "vector" else bias, clip=32.0)
         if bias == "vector":
-            layer.bias = rng.uniform(-0.2, 0.05, width).astype(np.float32)
+            layer.bias = rng.uniform(-0.2, 0.05, n_out).astype(np.float32)
         layers.append(layer)
+    width = widths[0]
     net = Network(layers)
     rows = duplicated_rows(rng, distinct, 60, width, binary=False)
     off, auto = _both(net, rows)
