@@ -30,7 +30,9 @@
 #   answer     time to answer: `spdnn infer STORE --backend cuda --out FILE` timed from
 #              process start to file written, 4 runs a store of each ANSWER_CONFIGS
 #              (default 1024x120 1024x1920 16384x480 65536x1920; generated once with
-#              no truth); the very first run with an empty CuPy kernel cache
+#              no truth); the very first run with an empty CuPy kernel cache; with
+#              BASELINE=DIR, that tree's first and second run of the first store
+#              before, with a cache of its own
 #   profile    hardware counters (ncu) of the first PROFILE_LAYERS (6) layers of
 #              an N = PROFILE_N (4096) network, once per PROFILE_DEFINES entry (a
 #              space-separated list; each entry comma-separated NAME=INT, or "-"
@@ -159,11 +161,31 @@ fi
 
 if [[ $steps == *answer* ]]; then
   mkdir -p /tmp/answer
-  rm -rf /tmp/answer/cupy  # the first run compiles the kernels
-  for cfg in ${ANSWER_CONFIGS:-1024x120 1024x1920 16384x480 65536x1920}; do
+  rm -rf /tmp/answer/cupy /tmp/answer/cupy-baseline  # first runs compile the kernels
+  configs="${ANSWER_CONFIGS:-1024x120 1024x1920 16384x480 65536x1920}"
+  for cfg in $configs; do
     store="/tmp/answer/g$cfg.h5"
     [[ -f $store ]] || spdnn generate --neurons "${cfg%x*}" --layers "${cfg#*x}" \
       --truth-backend none --out "$store" --quiet
+  done
+  if [[ -n ${BASELINE:-} ]]; then
+    # the older tree on the first store: a first run (its own empty cache), then cached
+    cfg="${configs%% *}"
+    for run in 1 2; do
+      start=$EPOCHREALTIME
+      (cd "$BASELINE" && PYTHONPATH="${PYTHONPATH/$root/$PWD}" \
+        CUPY_CACHE_DIR=/tmp/answer/cupy-baseline python3 -m spdnn_mpi infer \
+        "/tmp/answer/g$cfg.h5" --backend cuda --out /tmp/answer/cats-baseline.tsv --quiet \
+        > "$out/answer_baseline_${cfg}_$run.log" 2>&1)
+      rc=$?
+      wall=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+      note "baseline answer $cfg run $run: rc=$rc, ${wall} s; $(grep -E \
+        '^(set-up|inference|answer)' "$out/answer_baseline_${cfg}_$run.log" | tr -s ' ' \
+        | paste -sd ';')"
+    done
+  fi
+  for cfg in $configs; do
+    store="/tmp/answer/g$cfg.h5"
     for run in 1 2 3 4; do
       start=$EPOCHREALTIME
       CUPY_CACHE_DIR=/tmp/answer/cupy python3 -m spdnn_mpi infer "$store" --backend cuda \
