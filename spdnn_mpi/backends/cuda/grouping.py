@@ -37,8 +37,7 @@ def device_group_layouts(cp: Any, module: Any, layers: Sequence[Layer],
     k["group_count"]((n,), (WALK_THREADS,), (rows, order, np.int32(n_out), np.int32(d),
                                               used_dev))
     used = used_dev.get().astype(np.int64)
-    n_groups = -(-np.maximum(used, 1) // 4) * 4  # a multiple of 4 a layer
-    first_group = np.concatenate([[0], np.cumsum(n_groups)[:-1]]).astype(np.int64)
+    n_groups, first_group = lay.group_counts(used)
     total = int(n_groups.sum())
     out_ids = cp.empty((total, lay.GROUP_SLOTS), dtype=np.int32)
     out_ids.data.memset_async(0xFF, out_ids.nbytes)  # every slot -1: unused
@@ -55,12 +54,4 @@ def device_group_layouts(cp: Any, module: Any, layers: Sequence[Layer],
                     (rows, order, np.int32(n_out), np.int32(d), cp.asarray(first_group),
                      out_ids, indices, vals if vals is not None else np.uint64(0),
                      weights if vals is not None else np.uint64(0)))
-    out = []
-    for i in range(n):
-        lo, hi = int(first_group[i]), int(first_group[i] + n_groups[i])
-        w = weights if uniform else weights[lo:hi].reshape(-1)
-        out.append(lay.GroupLayout(int(n_groups[i]), indices[lo:hi].reshape(-1),
-                                   out_ids[lo:hi].reshape(-1), w,
-                                   0 if uniform else d * lay.GROUP_SLOTS,
-                                   n_out / (used[i] * lay.GROUP_SLOTS) if used[i] else 1.0))
-    return out
+    return lay.split_group_layouts(used, indices, out_ids, weights, n_out)

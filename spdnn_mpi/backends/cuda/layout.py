@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -218,9 +219,8 @@ def group_layouts(layers: Sequence[Layer]) -> list[GroupLayout]:
     new = start | (slot == 0)
     gid = np.cumsum(new) - 1  # over all layers
     used = new.reshape(n, n_out).sum(axis=1)
-    n_groups = -(-np.maximum(used, 1) // 4) * 4
+    n_groups, first_group = group_counts(used)
     first_used = np.concatenate([[0], np.cumsum(used)[:-1]]).astype(np.int64)
-    first_group = np.concatenate([[0], np.cumsum(n_groups)[:-1]]).astype(np.int64)
     layer = pos // n_out
     group = gid - first_used[layer] + first_group[layer]
     total = int(n_groups.sum())
@@ -228,20 +228,39 @@ def group_layouts(layers: Sequence[Layer]) -> list[GroupLayout]:
     out_ids[group, slot] = order.reshape(-1)
     indices = np.zeros((total, d), dtype=np.uint16)
     indices[group[new]] = srt[new]
-    uniform = layers[0].values is None
-    if uniform:
-        ones = np.ones(d * GROUP_SLOTS, dtype=np.float32)
+    if layers[0].values is None:
+        weights = np.ones(d * GROUP_SLOTS, dtype=np.float32)
     else:
         vals = np.stack([np.asarray(lay.values, dtype=np.float32)
                          for lay in layers]).reshape(n, n_out, d)
         weights = np.zeros((total, d, GROUP_SLOTS), dtype=np.float32)
         weights[group, :, slot] = vals[each, order].reshape(n * n_out, d)
+    return split_group_layouts(used, indices, out_ids, weights, n_out)
+
+
+def group_counts(used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(groups, first group) of each layer of a run, from the groups it uses: padded
+    to a multiple of 4 (at least 4), the layers' groups back to back."""
+    n_groups = -(-np.maximum(used, 1) // 4) * 4
+    return n_groups, np.concatenate([[0], np.cumsum(n_groups)[:-1]]).astype(np.int64)
+
+
+def split_group_layouts(used: np.ndarray, indices: Any, out_ids: Any, weights: Any,
+                        n_out: int) -> list[GroupLayout]:
+    """Each layer's ``GroupLayout`` from the arrays of its run (host or device): ``used``
+    groups a layer (host), ``indices`` (groups, degree), ``out_ids`` (groups,
+    ``GROUP_SLOTS``), ``weights`` one shared block (uniform layers) or (groups,
+    degree, ``GROUP_SLOTS``)."""
+    n_groups, first_group = group_counts(used)
+    d = indices.shape[1]
+    shared = weights.ndim == 1
     out = []
-    for k in range(n):
+    for k in range(len(used)):
         lo, hi = int(first_group[k]), int(first_group[k] + n_groups[k])
-        w = ones if uniform else weights[lo:hi].reshape(-1)
         out.append(GroupLayout(int(n_groups[k]), indices[lo:hi].reshape(-1),
-                               out_ids[lo:hi].reshape(-1), w, 0 if uniform else d * GROUP_SLOTS,
+                               out_ids[lo:hi].reshape(-1),
+                               weights if shared else weights[lo:hi].reshape(-1),
+                               0 if shared else d * GROUP_SLOTS,
                                n_out / (used[k] * GROUP_SLOTS) if used[k] else 1.0))
     return out
 
