@@ -62,12 +62,13 @@ class HeldLayers:
     def __init__(self, cp: Any, module: Any, entries: Sequence[LayerLaunch],
                  config: KernelConfig) -> None:
         self._degrees = [_degree(e) for e in entries]
-        self._groups = [int(e.extra_held[0]) if d else 0 for e, d in zip(entries, self._degrees)]
+        self._groups = [0] * len(entries)  # groups of each shared-sum layer
         table = np.zeros(len(entries), dtype=HELD_LAYER_DTYPE)
         for k, (entry, degree) in enumerate(zip(entries, self._degrees)):
             if not degree:
                 continue
             n_groups, gidx, gout = entry.extra_held[:3]
+            self._groups[k] = int(n_groups)
             _n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
             table[k] = (_pointer(gidx), _pointer(gout), _pointer(bias_v), n_groups, n_out,
                         scale, bias_s, floor, clip)
