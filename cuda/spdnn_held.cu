@@ -15,7 +15,7 @@
 #include "spdnn_layer.cuh"
 
 // One layer's arguments, in a device array indexed by layer (the host builds
-// it with the same field offsets: network.HELD_LAYER_DTYPE).
+// it with the same field offsets: held.HELD_LAYER_DTYPE).
 struct HeldLayer {
   const u16* gidx;  // n_groups x D input ids
   const int* gout;  // n_groups x 16 output ids (-1: unused slot)
@@ -137,10 +137,7 @@ __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>&
       const int id = out[e];
       if (id < 0) continue;
       const float b = L.bias_v ? __ldg(L.bias_v + id) : L.bias_s;
-      const float4 y = make_float4(fminf(fmaxf(fmaf(acc.x, L.scale, b), L.floor), L.clip),
-                                   fminf(fmaxf(fmaf(acc.y, L.scale, b), L.floor), L.clip),
-                                   fminf(fmaxf(fmaf(acc.z, L.scale, b), L.floor), L.clip),
-                                   fminf(fmaxf(fmaf(acc.w, L.scale, b), L.floor), L.clip));
+      const float4 y = activate4(acc, L.scale, b, L.floor, L.clip);
       *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
       alive |= alive4(y) << r4;
     }

@@ -59,8 +59,22 @@ __device__ __forceinline__ float bias_of(int j, const LayerArgs& a) {
 }
 
 // scale * acc + bias, then the activation (ReLU: floor 0; none: floor -inf) and the clip.
+__device__ __forceinline__ float activate(float acc, float scale, float b, float floor,
+                                          float clip) {
+  return fminf(fmaxf(fmaf(acc, scale, b), floor), clip);
+}
+
+// The same for 4 rows of one output.
+__device__ __forceinline__ float4 activate4(float4 acc, float scale, float b, float floor,
+                                            float clip) {
+  return make_float4(activate(acc.x, scale, b, floor, clip),
+                     activate(acc.y, scale, b, floor, clip),
+                     activate(acc.z, scale, b, floor, clip),
+                     activate(acc.w, scale, b, floor, clip));
+}
+
 __device__ __forceinline__ float activate(float acc, float b, const LayerArgs& a) {
-  return fminf(fmaxf(fmaf(acc, a.scale, b), a.floor), a.clip);
+  return activate(acc, a.scale, b, a.floor, a.clip);
 }
 
 __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) {
@@ -78,9 +92,7 @@ __device__ __forceinline__ void finish_layer(const LayerArgs& a, bool took) {
 }
 
 __device__ __forceinline__ float4 activate4(float4 acc, int j, const LayerArgs& a) {
-  const float b = bias_of(j, a);
-  return make_float4(activate(acc.x, b, a), activate(acc.y, b, a), activate(acc.z, b, a),
-                     activate(acc.w, b, a));
+  return activate4(acc, a.scale, bias_of(j, a), a.floor, a.clip);
 }
 
 __device__ __forceinline__ u32 alive4(const float4 y) {
