@@ -109,25 +109,10 @@ template <int D>
 __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>& ids,
                                           const float* xq, float* dst, int r4) {
   constexpr int B = D < SPDNN_HELD_BATCH ? D : SPDNN_HELD_BATCH;
-  static_assert(D % B == 0 && B % 2 == 0, "batch must divide the degree");
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int p0 = 0; p0 < D; p0 += B) {
-    float4 x[B];
-#pragma unroll
-    for (int p = 0; p < B; p += 2) {
-      const u32 w = (&ids.in[(p0 + p) / 8].x)[((p0 + p) % 8) / 2];
-      x[p] = __ldcg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
-      x[p + 1] = __ldcg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
-    }
-#pragma unroll
-    for (int p = 0; p < B; ++p) {  // the order and rounding of layer_group_sum
-      acc.x = __fadd_rn(acc.x, x[p].x);
-      acc.y = __fadd_rn(acc.y, x[p].y);
-      acc.z = __fadd_rn(acc.z, x[p].z);
-      acc.w = __fadd_rn(acc.w, x[p].w);
-    }
-  }
+  // the order and rounding of layer_group_sum; written by other blocks: through L2
+  const float4 acc = sum_rows4<D, B>(ids.in, xq, [](const float* p) {
+    return __ldcg(reinterpret_cast<const float4*>(p));
+  });
   u32 alive = 0u;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {

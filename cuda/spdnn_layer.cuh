@@ -95,6 +95,38 @@ __device__ __forceinline__ float4 activate4(float4 acc, int j, const LayerArgs& 
   return activate4(acc, a.scale, bias_of(j, a), a.floor, a.clip);
 }
 
+// acc += x, row by row (rounded adds: no multiply to contract them with).
+__device__ __forceinline__ void add_rows4(float4& acc, const float4 x) {
+  acc.x += x.x;
+  acc.y += x.y;
+  acc.z += x.z;
+  acc.w += x.w;
+}
+
+// Sums of one output's D inputs for 4 rows (xq: the rows' neuron 0, neuron i at
+// xq + 32 i), from its input ids in registers (iv: D / 8 uint4 of u16 pairs):
+// B loads (load(p) -> float4) issued before their adds, the adds in CSR order,
+// one accumulator per row.
+template <int D, int B, typename Load>
+__device__ __forceinline__ float4 sum_rows4(const uint4 (&iv)[D / 8], const float* xq,
+                                            Load load) {
+  static_assert(D % B == 0 && B % 2 == 0, "batch must divide the degree");
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int p0 = 0; p0 < D; p0 += B) {
+    float4 x[B];
+#pragma unroll
+    for (int p = 0; p < B; p += 2) {
+      const u32 w = (&iv[(p0 + p) / 8].x)[((p0 + p) % 8) / 2];
+      x[p] = load(xq + (w & 0xffffu) * 32);
+      x[p + 1] = load(xq + (w >> 16) * 32);
+    }
+#pragma unroll
+    for (int p = 0; p < B; ++p) add_rows4(acc, x[p]);
+  }
+  return acc;
+}
+
 __device__ __forceinline__ u32 alive4(const float4 y) {
   return (u32)(y.x != 0.0f) | (u32)(y.y != 0.0f) << 1 | (u32)(y.z != 0.0f) << 2 |
          (u32)(y.w != 0.0f) << 3;

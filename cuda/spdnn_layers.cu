@@ -56,17 +56,8 @@ __device__ __forceinline__ float4 load_rows4(const float* p) {
   }
 }
 
-__device__ __forceinline__ void add_rows4(float4& acc, const float4 x) {
-  acc.x += x.x;
-  acc.y += x.y;
-  acc.z += x.z;
-  acc.w += x.w;
-}
-
-// Sums of the D inputs of one output for this lane's 4 rows: ip points at the
-// output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows (neuron i
-// at xq + 32 i). Adds run in CSR order, one accumulator per row.
-
+// Sums of the D inputs of one output for this lane's 4 rows (sum_rows4): ip
+// points at the output's D/8 uint4 of indices, xq at neuron 0 of this lane's rows.
 template <int D, bool SMEM, int BATCH>
 __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, const float* xq) {
   constexpr int B = D < BATCH ? D : BATCH;
@@ -74,21 +65,7 @@ __device__ __forceinline__ float4 gather_rows4(const uint4* __restrict__ ip, con
   uint4 iv[D / 8];
 #pragma unroll
   for (int q = 0; q < D / 8; ++q) iv[q] = __ldg(ip + q);
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int p0 = 0; p0 < D; p0 += B) {
-    // B independent loads issued before the first of their adds.
-    float4 x[B];
-#pragma unroll
-    for (int p = 0; p < B; p += 2) {
-      const u32 w = (&iv[(p0 + p) / 8].x)[((p0 + p) % 8) / 2];
-      x[p] = load_rows4<SMEM>(xq + (w & 0xffffu) * 32);
-      x[p + 1] = load_rows4<SMEM>(xq + (w >> 16) * 32);
-    }
-#pragma unroll
-    for (int p = 0; p < B; ++p) add_rows4(acc, x[p]);
-  }
-  return acc;
+  return sum_rows4<D, B>(iv, xq, [](const float* p) { return load_rows4<SMEM>(p); });
 }
 
 // The block's range [begin, end) of the n_tiles x n_steps (tile, output step)
