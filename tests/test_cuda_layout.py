@@ -109,7 +109,7 @@ def test_plan_takes_group_only_for_fixed_degree_16_bit_layers():
 
 
 def test_module_instantiates_only_what_the_plans_can_launch():
-    from spdnn_mpi.backends.cuda.compile import kernel_names
+    from spdnn_mpi.backends.cuda.compile import fallback_names, kernel_names
 
     rng = np.random.default_rng(4)
     uniform = fixed_degree_layer(rng, 300, 64, 32)
@@ -119,19 +119,24 @@ def test_module_instantiates_only_what_the_plans_can_launch():
     ell = {lay.ell_kernel("smem32", 32, rows) for rows in (0, *lay.ELL_ROWS)}
 
     def names(layers, variant="auto", held=False):
-        plans = [lay.plan_layer(layer, smem, variant) for layer in layers]
-        return set(kernel_names(layers, plans, smem, variant, held))
+        return set(kernel_names([lay.plan_layer(layer, smem, variant) for layer in layers],
+                                held))
 
-    # grouped: the shared-sum form, and the ELL forms auto falls back to on sparse groups
-    assert names([uniform, uniform]) == scatter | {"layer_group_sum<32>"} | ell
+    # grouped: the shared-sum form only (what auto falls back to is known once laid out)
+    assert names([uniform, uniform]) == scatter | {"layer_group_sum<32>"}
     assert names([uniform], "group") == scatter | {"layer_group_sum<32>"}
-    assert names([weighted]) == scatter | {"layer_group<16>", "layer_csr4<true,true>"}
+    assert names([weighted]) == scatter | {"layer_group<16>"}
     assert names([uniform], "csr") == scatter | {"layer_csr<true,false,u16>"}
     assert names([uniform, weighted]) == names([uniform]) | names([weighted])
     # on a device with clusters: the shared-sum layers' one-launch form (any rows held)
     held = {"layers_held_sum<32>"}
     assert names([uniform, weighted], held=True) == names([uniform, weighted]) | held
     assert names([weighted], held=True) == names([weighted])
+    # sparse groups: the ELL forms (uniform) or CSR4 (weighted), beyond what was compiled
+    fallen = [lay.plan_layer(layer, smem, grouped=False) for layer in (uniform, weighted)]
+    compiled = sorted(names([uniform, weighted]))
+    assert set(fallback_names(fallen, compiled)) == ell | {"layer_csr4<true,true>"}
+    assert fallback_names(fallen, compiled + sorted(ell)) == ["layer_csr4<true,true>"]
 
 
 @pytest.mark.parametrize("values", [True, False])
@@ -224,3 +229,22 @@ def test_layers_of_a_packed_store_are_stacked_without_a_copy(tmp_path):
     assert np.shares_memory(stacked, read[0].indices)  # one buffer, no copy
     np.testing.assert_array_equal(stacked, stacked_indices(layers))  # copied: the same
     assert stacked.shape == (5, 64, 8)
+
+
+def test_kernels_come_from_the_program_compiled_with_them():
+    from spdnn_mpi.backends.cuda.compile import KernelModules
+
+    class Module:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def get_function(self, name):
+            return (self.tag, name)
+
+    modules = KernelModules(Module("first"), ["layer_group_sum<32>"])
+    modules.add(Module("second"), ["layer_ell_smem<32,32,false>"])
+    assert modules.get_function("layer_group_sum<32>") == ("first", "layer_group_sum<32>")
+    assert modules.get_function("layer_ell_smem<32,32,false>")[0] == "second"
+    assert modules.get_function("compact_rows")[0] == "first"  # in every program
+    with pytest.raises(KeyError, match="layer_csr4<true,true> was not among"):
+        modules.get_function("layer_csr4<true,true>")

@@ -11,7 +11,6 @@ from spdnn_mpi.backends.cuda import held as held_layers
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.errors import SpdnnError
-from spdnn_mpi.model import Layer
 
 #: Compiled modules, memoised by (device id, source digest).
 _MODULES: dict[tuple[int, str], Any] = {}
@@ -67,25 +66,49 @@ def _cache_files(cupy) -> frozenset[str]:
                      for top, _dirs, names in os.walk(root) for name in names)
 
 
-def kernel_names(layers: Sequence[Layer], plans: Sequence[lay.LayerPlan], smem_limit: int,
-                 variant: str, held: bool = False) -> list[str]:
-    """The instantiations these layers' plans can launch, and no others: NVRTC's time
-    grows with each one (all 24 forms of degree 32 took 2.3x the time of the 7 a
-    challenge network needs, nvcc for sm_90). A grouped layer also gets the kernel
-    ``auto`` falls back to where its groups are too sparse (known only once laid out),
-    an ELL layer its forms for rows held in one tile; with ``held`` (a device that
-    launches clusters) the converged layers' one-launch forms (``held.py``)."""
+def plan_kernel_names(plans: Sequence[lay.LayerPlan]) -> set[str]:
+    """The instantiations ``plans`` launch: each plan's kernel, an ELL plan's forms for
+    rows held in one tile too."""
+    names = set()
+    for plan in plans:
+        names.add(plan.kernel)
+        if plan.is_ell:
+            names.update(lay.ell_kernel(plan.kind, plan.degree, rows) for rows in lay.ELL_ROWS)
+    return names
 
-    names = {"scatter_rows<u16>", "scatter_rows<int>"}
-    for layer, plan in zip(layers, plans):
-        forms = [plan]
-        if plan.kind == "group" and variant == "auto":
-            forms.append(lay.plan_layer(layer, smem_limit, variant, grouped=False))
-        for form in forms:
-            names.add(form.kernel)
-            if form.is_ell:
-                names.update(lay.ell_kernel(form.kind, form.degree, rows)
-                             for rows in lay.ELL_ROWS)
+
+def kernel_names(plans: Sequence[lay.LayerPlan], held: bool = False) -> list[str]:
+    """The instantiations these plans can launch, and no others: NVRTC's time grows
+    with each one (all 24 forms of degree 32 took 2.3x the time of the 7 a challenge
+    network then needed, nvcc for sm_90). With ``held`` (a device that launches
+    clusters) the converged layers' one-launch forms (``held.py``) too. The kernel a
+    grouped layer falls back to where its groups are too sparse is not among them:
+    that is known only once laid out (``fallback_names``)."""
+    names = {"scatter_rows<u16>", "scatter_rows<int>"} | plan_kernel_names(plans)
     if held:
         names |= held_layers.kernel_names(plans)
     return sorted(names)
+
+
+def fallback_names(fallen: Sequence[lay.LayerPlan], compiled: Sequence[str]) -> list[str]:
+    """The instantiations the fallen-back plans of grouped layers (``fallen``) need
+    beyond ``compiled``."""
+    return sorted(plan_kernel_names(fallen) - set(compiled))
+
+
+class KernelModules:
+    """The network's compiled modules as one: a template instantiation comes from the
+    module compiled with it, any other kernel from the first module."""
+
+    def __init__(self, module: Any, names: Sequence[str]) -> None:
+        self._parts = [(module, frozenset(names))]
+
+    def add(self, module: Any, names: Sequence[str]) -> None:
+        """A module compiled with ``names`` (the same program, other instantiations)."""
+        self._parts.append((module, frozenset(names)))
+
+    def get_function(self, name: str) -> Any:
+        for module, names in self._parts:
+            if "<" not in name or name in names:
+                return module.get_function(name)
+        raise KeyError(f"{name} was not among the instantiations compiled")

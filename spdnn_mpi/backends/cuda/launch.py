@@ -145,7 +145,7 @@ class Launcher:
         groups = None
         if plan.kind == "group":
             groups = grouped or self.group_layouts([layer])[0]
-            if self.variant == "auto" and groups.fill < lay.GROUP_MIN_FILL:
+            if lay.falls_back(groups, self.variant):
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
         full = self.launch(plan)
         keep: list = []  # device arrays the launch arguments point to

@@ -184,6 +184,11 @@ class GroupLayout:
     fill: float  # outputs / used groups' slots
 
 
+def falls_back(groups: GroupLayout, variant: str) -> bool:
+    """Whether ``auto`` leaves the grouped kernel for this layout (groups too sparse)."""
+    return variant == "auto" and groups.fill < GROUP_MIN_FILL
+
+
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 

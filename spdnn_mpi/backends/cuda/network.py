@@ -12,7 +12,12 @@ from typing import Any
 
 from spdnn_mpi.backends.cuda import held as held_layers
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import kernel_names, module_and_whether_compiled
+from spdnn_mpi.backends.cuda.compile import (
+    KernelModules,
+    fallback_names,
+    kernel_names,
+    module_and_whether_compiled,
+)
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.launch import Launcher, LayerLaunch, blocks_per_sm
 from spdnn_mpi.model import Layer
@@ -47,8 +52,7 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 
 def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[str]:
     """The kernel instantiations ``layers`` need on a device with ``props``."""
-    return kernel_names(layers, plan_layers(props, variant, layers), smem_limit(props), variant,
-                        held_layers.supported(props))
+    return kernel_names(plan_layers(props, variant, layers), held_layers.supported(props))
 
 
 def group_runs(build: Callable[[Sequence[Layer]], list[lay.GroupLayout]],
@@ -86,10 +90,11 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     sms = int(props["multiProcessorCount"])
     smem = smem_limit(props)
     plans = plan_layers(props, variant, layers)
-    names = kernel_names(layers, plans, smem, variant, held_layers.supported(props))
+    names = kernel_names(plans, held_layers.supported(props))
     t_compile = time.perf_counter()
-    module, compiled = module_and_whether_compiled(device_id, names, config)
+    first, compiled = module_and_whether_compiled(device_id, names, config)
     compile_s = time.perf_counter() - t_compile
+    module = KernelModules(first, names)
     launcher = Launcher(cp, module, config, sms, variant,
                         functools.partial(blocks_per_sm, props))
     kinds: dict[str, int] = {}
@@ -98,6 +103,17 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     width = 0
     with device, stream:
         grouped = group_runs(launcher.group_layouts, layers, plans)
+        # grouped layers whose groups came out too sparse fall back to another kernel,
+        # compiled now (a second program) where the first has not got it
+        fallen = [lay.plan_layer(layers[k], smem, variant, grouped=False)
+                  for k, groups in grouped.items() if lay.falls_back(groups, variant)]
+        extra = fallback_names(fallen, names)
+        if extra:
+            t_compile = time.perf_counter()
+            second, compiled_more = module_and_whether_compiled(device_id, extra, config)
+            compile_s += time.perf_counter() - t_compile
+            compiled = compiled or compiled_more
+            module.add(second, extra)
         for k, (layer, plan) in enumerate(zip(layers, plans)):
             entry = launcher.layer_entry(layer, plan, smem, grouped.get(k))
             kinds[entry.plan.kind] = kinds.get(entry.plan.kind, 0) + 1
