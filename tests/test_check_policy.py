@@ -13,7 +13,7 @@ import pytest
 from conftest import duplicated_rows, random_network, saturating
 
 from spdnn_mpi.backends import make_backend
-from spdnn_mpi.check_policy import CHECK_SHARE, CheckCosts, CheckPlan, CheckPolicy
+from spdnn_mpi.check_policy import CHECK_SHARE, LOOK_SHARE, CheckCosts, CheckPlan, CheckPolicy
 from spdnn_mpi.compression import is_checkpoint
 from spdnn_mpi.engine import run_inference, time_inference
 
@@ -133,8 +133,10 @@ def test_looks_stay_within_their_share_on_short_runs():
     policy = CheckPolicy(CUDA_LIKE, 120)
     policy.start(0.0, 60000)
     assert policy.wants_look(1)
-    policy.observe(1, 25e-6, 59940)
-    assert not policy.wants_look(2)  # a second 20 us look is more than 1 % of 3 ms
+    layer = 10e-6  # 120 layers: 1.2 ms, of which LOOK_SHARE (2 %) is 24 us
+    policy.observe(1, layer, 59940)
+    assert 2 * CUDA_LIKE.look > LOOK_SHARE * 120 * layer
+    assert not policy.wants_look(2)  # a second 20 us look is over the share
 
 
 def test_one_time_host_work_is_not_taken_for_layer_time():
