@@ -315,6 +315,22 @@ def test_runs_are_consecutive_shared_sum_layers_of_one_degree(backend_and_log):
     assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [32, 32, 32]
 
 
+def test_layers_wider_than_the_cluster_carries_keep_one_launch_a_layer(backend_and_log,
+                                                                      monkeypatch):
+    """Layers wider than held.MAX_WIDTH are in no run, and a network of only such
+    layers compiles no one-launch form."""
+    rng = np.random.default_rng(5)
+    wide = block_layer(rng, 256, 256, 16, values=False, min_group=16)
+    narrow = block_layer(rng, 128, 128, 16, values=False, min_group=16)
+    monkeypatch.setattr(held, "MAX_WIDTH", 200)
+    runs, _ = _network_on_fake_device(backend_and_log[0], [narrow, narrow, wide, wide, narrow])
+    todo = [(k, True) for k in range(5)]
+    assert [runs.run_length(todo, i) for i in range(5)] == [2, 1, 1, 1, 1]
+    backend_and_log[0].load_network([wide, wide])
+    with pytest.raises(KeyError, match="layers_held_sum<16> was not among"):
+        backend_and_log[0]._network.module.get_function("layers_held_sum<16>")
+
+
 def test_without_clusters_converged_layers_keep_one_launch_a_layer(backend_and_log,
                                                                    monkeypatch):
     """Before compute capability 9.0 (no thread-block clusters): no one-launch form is

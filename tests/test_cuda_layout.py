@@ -108,7 +108,8 @@ def test_plan_takes_group_only_for_fixed_degree_16_bit_layers():
     assert lay.plan_layer(odd, 200 * 1024, "group").kind == "csr4_smem"
 
 
-def test_module_instantiates_only_what_the_plans_can_launch():
+def test_module_instantiates_only_what_the_plans_can_launch(monkeypatch):
+    from spdnn_mpi.backends.cuda import held as held_layers
     from spdnn_mpi.backends.cuda.compile import fallback_names, kernel_names
 
     rng = np.random.default_rng(4)
@@ -120,7 +121,7 @@ def test_module_instantiates_only_what_the_plans_can_launch():
 
     def names(layers, variant="auto", held=False):
         return set(kernel_names([lay.plan_layer(layer, smem, variant) for layer in layers],
-                                held))
+                                layers if held else None))
 
     # grouped: the shared-sum form only (what auto falls back to is known once laid out)
     assert names([uniform, uniform]) == scatter | {"layer_group_sum<32>"}
@@ -132,6 +133,9 @@ def test_module_instantiates_only_what_the_plans_can_launch():
     held = {"layers_held_sum<32>"}
     assert names([uniform, weighted], held=True) == names([uniform, weighted]) | held
     assert names([weighted], held=True) == names([weighted])
+    monkeypatch.setattr(held_layers, "MAX_WIDTH", 299)  # uniform: 300 inputs
+    assert names([uniform], held=True) == names([uniform])
+    monkeypatch.undo()
     # sparse groups: the ELL forms (uniform) or CSR4 (weighted), beyond what was compiled
     fallen = [lay.plan_layer(layer, smem, grouped=False) for layer in (uniform, weighted)]
     compiled = sorted(names([uniform, weighted]))

@@ -52,7 +52,8 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 
 def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[str]:
     """The kernel instantiations ``layers`` need on a device with ``props``."""
-    return kernel_names(plan_layers(props, variant, layers), held_layers.supported(props))
+    return kernel_names(plan_layers(props, variant, layers),
+                        layers if held_layers.supported(props) else None)
 
 
 def group_runs(build: Callable[[Sequence[Layer]], list[lay.GroupLayout]],
@@ -90,7 +91,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     sms = int(props["multiProcessorCount"])
     smem = smem_limit(props)
     plans = plan_layers(props, variant, layers)
-    names = kernel_names(plans, held_layers.supported(props))
+    names = kernel_names(plans, layers if held_layers.supported(props) else None)
     t_compile = time.perf_counter()
     first, compiled = module_and_whether_compiled(device_id, names, config)
     compile_s = time.perf_counter() - t_compile
