@@ -52,8 +52,13 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 
 def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[str]:
     """The kernel instantiations ``layers`` need on a device with ``props``."""
-    return kernel_names(plan_layers(props, variant, layers),
-                        layers if held_layers.supported(props) else None)
+    return _kernel_names(props, plan_layers(props, variant, layers), layers)
+
+
+def _kernel_names(props: dict, plans: Sequence[lay.LayerPlan],
+                  layers: Sequence[Layer]) -> list[str]:
+    """``kernel_names`` of ``plans``, the one-launch forms where the device has clusters."""
+    return kernel_names(plans, layers if held_layers.supported(props) else None)
 
 
 def group_runs(build: Callable[[Sequence[Layer]], list[lay.GroupLayout]],
@@ -91,7 +96,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     sms = int(props["multiProcessorCount"])
     smem = smem_limit(props)
     plans = plan_layers(props, variant, layers)
-    names = kernel_names(plans, layers if held_layers.supported(props) else None)
+    names = _kernel_names(props, plans, layers)
     t_compile = time.perf_counter()
     first, compiled = module_and_whether_compiled(device_id, names, config)
     compile_s = time.perf_counter() - t_compile
