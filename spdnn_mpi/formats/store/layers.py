@@ -104,9 +104,9 @@ class PackedWriter:
         self._sizes[name] = start + len(data)
         return start
 
-    def append(self, attrs: dict, arrays: dict) -> None:
+    def append(self, attrs: dict, arrays: dict) -> bool:
         """One layer in the stored form (``attrs`` and ``arrays`` as schema 2 names them:
-        a None array is kept in its attribute form)."""
+        a None array is kept in its attribute form); True when it wrote what was held."""
         row = np.zeros(1, dtype=TABLE_DTYPE)[0]
         for name in ("n_in", "n_out", "nnz"):
             row[name] = attrs[name]
@@ -123,6 +123,8 @@ class PackedWriter:
         self._rows.append(row)
         if self._held_bytes >= self.FLUSH_BYTES:
             self.flush()
+            return True
+        return False
 
     def flush(self) -> None:
         """Write the arrays and table rows held (one resize and write a dataset)."""

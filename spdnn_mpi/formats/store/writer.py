@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import sys
 from pathlib import Path
 
 import h5py
@@ -22,13 +23,32 @@ from spdnn_mpi.util.atomic import atomic_path, write_error
 from spdnn_mpi.util.signals import held_signals
 
 
+def _libc_sync_file_range():
+    """Linux's sync_file_range(2), which Python's os module lacks; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):  # pragma: no cover - a libc without it
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _libc_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
 class _GuardedFile:
     """A file for h5py's ``fileobj`` driver that never reports a failed write to HDF5:
     later writes are dropped but counted as done, and ``error`` holds the failure.
     """
 
     def __init__(self, path: Path):
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         self._pos = 0
         self._end = 0  # the size HDF5 believes the file has
         self.error: OSError | None = None
@@ -81,6 +101,14 @@ class _GuardedFile:
 
     def flush(self) -> None:
         pass  # nothing is buffered here
+
+    def start_writeback(self) -> None:
+        """Have the kernel start writing what is written so far to the disk, without
+        waiting for it. ext4 writes a file out before renaming it over an older one
+        (or at close, after a truncation): 90 ms for a 139 MB store, in one process
+        after the workers are done, against a share of it while they parse."""
+        if self.error is None and _sync_file_range is not None:
+            _sync_file_range(self._fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # a hint: result unused
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -172,7 +200,8 @@ class StoreWriter:
         if self._first_n_in is None:
             self._first_n_in = layer.n_in
             self._check_widths()
-        self._packed.append(attrs, arrays)
+        if self._packed.append(attrs, arrays):
+            self._raw.start_writeback()
         self._n_layers += 1
         self._last_n_out = layer.n_out
         self._n_outs.append(layer.n_out)
