@@ -36,6 +36,11 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def can_fork() -> bool:
+    """Whether workers start by fork here (so a closure can be their function)."""
+    return "fork" in mp.get_all_start_methods()
+
+
 def _context():
     """fork where the platform has it: workers start at once with the main process's
     modules and compiled kernels; elsewhere the platform's default."""
@@ -190,3 +195,37 @@ class WorkerPool:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(graceful=exc_type is None)
+
+
+class Background:
+    """``fn(arg)`` computed in one worker process while this one goes on; ``result()``
+    waits for it (raising its error as the pool does). A context manager: leaving it
+    stops the worker, also on errors and interrupts."""
+
+    def __init__(self, fn: Callable, arg) -> None:
+        self._pool = WorkerPool(fn, 1)
+        self._worker = self._pool._workers[0]
+        try:
+            self._worker[1].send(arg)
+        except OSError:  # pragma: no cover - it died at once
+            self._pool.close(graceful=False)
+            raise _died(self._worker[0]) from None
+
+    def result(self):
+        results: dict[int, tuple[bool, object]] = {}
+        try:
+            self._pool._receive({self._worker[1]: (0, self._worker)}, [], results, None)
+        except BaseException:
+            self._pool.close(graceful=False)
+            raise
+        self._pool.close()
+        ok, value = results[0]
+        if not ok:
+            raise value
+        return value
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._pool.close(graceful=exc_type is None)

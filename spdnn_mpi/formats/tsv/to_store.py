@@ -11,6 +11,7 @@ function from the command: formats never import the generators.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -71,6 +72,7 @@ def prepare_store(
     from spdnn_mpi.model import challenge_bias
     from spdnn_mpi.util.outputs import check_outputs
     from spdnn_mpi.util.progress import Progress, note_if_slow, stderr_lines
+    from spdnn_mpi.util.workers import Background, can_fork
 
     weights = Path(weights)
     out = Path(out)
@@ -96,9 +98,19 @@ def prepare_store(
 
     t0 = time.perf_counter()
     truth, rows = _read_inputs(inputs, n_images, categories, neurons, progress, t0)
-    if make_inputs is not None:
-        rows = make_inputs(neurons)
-        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
+    jobs = source.useful_jobs(jobs)
+    # with more than one core, one worker makes the inputs while this process loads the
+    # parser's kernels (which the layer workers then start with)
+    made = Background(make_inputs, neurons) if make_inputs is not None and jobs > 1 \
+        and can_fork() else contextlib.nullcontext()
+    with made:
+        with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
+                          "compiling the TSV parser's kernels (once: later runs load them "
+                          "from numba's cache)"):
+            warm_kernels()  # here, not in the first layer's time nor each worker's
+        if make_inputs is not None:
+            rows = made.result() if isinstance(made, Background) else make_inputs(neurons)
+            _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
     if truth_layers:  # before the layers are read, not after
         from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
 
@@ -109,15 +121,10 @@ def prepare_store(
                              made_inputs_source if make_inputs is not None else None,
                              rows.n_rows if rows is not None else n_images)
     count = n_layers if n_layers is not None else "all"
-    jobs = source.useful_jobs(jobs)
     how = "parse threads" if getattr(source, "in_memory", False) else "worker processes"
     _log(progress, f"{count} layers of N={neurons} from {weights} -> {out}"
                    + (f" ({jobs} {how})" if jobs > 1 else ""))
     kept = []
-    with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
-                      "compiling the TSV parser's kernels (once: later runs load them "
-                      "from numba's cache)"):
-        warm_kernels()  # here, not in the first layer's time nor each worker's
     # the workers start (fork) before the store is opened, and stop after it is closed
     with LayerReader(source, bias=bias, clip=clip, jobs=jobs, near=out) as reader, \
             StoreWriter(out, provenance) as writer:
