@@ -198,13 +198,16 @@ class WorkerPool:
 
 
 class Background:
-    """``fn(arg)`` computed in one worker process while this one goes on; ``result()``
-    waits for it (raising its error as the pool does). A context manager: leaving it
-    stops the worker, also on errors and interrupts."""
+    """``fn(arg)`` computed in one worker process while this one goes on: the worker
+    starts here, ``submit(arg)`` gives it its argument, ``result()`` waits for it
+    (raising its error as the pool does). A context manager: leaving it stops the
+    worker, also on errors and interrupts."""
 
-    def __init__(self, fn: Callable, arg) -> None:
+    def __init__(self, fn: Callable) -> None:
         self._pool = WorkerPool(fn, 1)
         self._worker = self._pool._workers[0]
+
+    def submit(self, arg) -> None:
         try:
             self._worker[1].send(arg)
         except OSError:  # pragma: no cover - it died at once

@@ -67,11 +67,6 @@ def prepare_store(
     layers plus the inputs. Returns the store's path. Errors raise
     SpdnnError/InputFormatError and leave no file under ``out``.
     """
-    from spdnn_mpi.formats.store.writer import StoreWriter
-    from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers, warm_kernels
-    from spdnn_mpi.model import challenge_bias
-    from spdnn_mpi.util.outputs import check_outputs
-    from spdnn_mpi.util.progress import Progress, note_if_slow, stderr_lines
     from spdnn_mpi.util.workers import Background, can_fork
 
     weights = Path(weights)
@@ -81,6 +76,27 @@ def prepare_store(
         from spdnn_mpi.errors import SpdnnError
 
         raise SpdnnError(f"--jobs {jobs}: must be at least 1")
+    # with more than one core, a worker makes the inputs while this process imports
+    # numba and loads the parser's kernels (which the layer workers then start with);
+    # it starts (fork) before those imports, which its copy of this process then lacks
+    made = Background(make_inputs) if make_inputs is not None and jobs > 1 and can_fork() \
+        else contextlib.nullcontext()
+    with made:
+        return _prepare(weights, out, neurons, n_layers, inputs, n_images, categories, bias,
+                        clip, force, progress, make_inputs, made_inputs_source, truth_layers,
+                        truth_backend, jobs, made if isinstance(made, Background) else None)
+
+
+def _prepare(weights: Path, out: Path, neurons, n_layers, inputs, n_images, categories, bias,
+             clip, force, progress, make_inputs, made_inputs_source, truth_layers,
+             truth_backend, jobs, made) -> Path:
+    """prepare_store, with ``made`` the worker making the inputs (or None)."""
+    from spdnn_mpi.formats.store.writer import StoreWriter
+    from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers, warm_kernels
+    from spdnn_mpi.model import challenge_bias
+    from spdnn_mpi.util.outputs import check_outputs
+    from spdnn_mpi.util.progress import Progress, note_if_slow, stderr_lines
+
     check_outputs({"--out": out}, force=force, regular=True)
     source = open_layers(weights, neurons, n_layers)
     neurons, n_layers = source.neurons, source.n_layers  # n_layers None: all in an archive
@@ -98,19 +114,16 @@ def prepare_store(
 
     t0 = time.perf_counter()
     truth, rows = _read_inputs(inputs, n_images, categories, neurons, progress, t0)
+    if made is not None:
+        made.submit(neurons)
     jobs = source.useful_jobs(jobs)
-    # with more than one core, one worker makes the inputs while this process loads the
-    # parser's kernels (which the layer workers then start with)
-    made = Background(make_inputs, neurons) if make_inputs is not None and jobs > 1 \
-        and can_fork() else contextlib.nullcontext()
-    with made:
-        with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
-                          "compiling the TSV parser's kernels (once: later runs load them "
-                          "from numba's cache)"):
-            warm_kernels()  # here, not in the first layer's time nor each worker's
-        if make_inputs is not None:
-            rows = made.result() if isinstance(made, Background) else make_inputs(neurons)
-            _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
+    with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
+                      "compiling the TSV parser's kernels (once: later runs load them "
+                      "from numba's cache)"):
+        warm_kernels()  # here, not in the first layer's time nor each worker's
+    if make_inputs is not None:
+        rows = made.result() if made is not None else make_inputs(neurons)
+        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
     if truth_layers:  # before the layers are read, not after
         from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
 
