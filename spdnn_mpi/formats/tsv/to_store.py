@@ -80,11 +80,11 @@ def prepare_store(
     # numba and loads the parser's kernels (which the layer workers then start with);
     # it starts (fork) before those imports, which its copy of this process then lacks
     made = Background(make_inputs) if make_inputs is not None and jobs > 1 and can_fork() \
-        else contextlib.nullcontext()
-    with made:
+        else None
+    with made or contextlib.nullcontext():
         return _prepare(weights, out, neurons, n_layers, inputs, n_images, categories, bias,
                         clip, force, progress, make_inputs, made_inputs_source, truth_layers,
-                        truth_backend, jobs, made if isinstance(made, Background) else None)
+                        truth_backend, jobs, made)
 
 
 def _prepare(weights: Path, out: Path, neurons, n_layers, inputs, n_images, categories, bias,
