@@ -82,101 +82,92 @@ def prepare_store(
     made = Background(make_inputs) if make_inputs is not None and jobs > 1 and can_fork() \
         else None
     with made or contextlib.nullcontext():
-        return _prepare(weights, out, neurons, n_layers, inputs, n_images, categories, bias,
-                        clip, force, progress, make_inputs, made_inputs_source, truth_layers,
-                        truth_backend, jobs, made)
+        from spdnn_mpi.formats.store.writer import StoreWriter
+        from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers, warm_kernels
+        from spdnn_mpi.model import challenge_bias
+        from spdnn_mpi.util.outputs import check_outputs
+        from spdnn_mpi.util.progress import Progress, note_if_slow, stderr_lines
 
-
-def _prepare(weights: Path, out: Path, neurons, n_layers, inputs, n_images, categories, bias,
-             clip, force, progress, make_inputs, made_inputs_source, truth_layers,
-             truth_backend, jobs, made) -> Path:
-    """prepare_store, with ``made`` the worker making the inputs (or None)."""
-    from spdnn_mpi.formats.store.writer import StoreWriter
-    from spdnn_mpi.formats.tsv.layers import LayerReader, open_layers, warm_kernels
-    from spdnn_mpi.model import challenge_bias
-    from spdnn_mpi.util.outputs import check_outputs
-    from spdnn_mpi.util.progress import Progress, note_if_slow, stderr_lines
-
-    check_outputs({"--out": out}, force=force, regular=True)
-    source = open_layers(weights, neurons, n_layers)
-    neurons, n_layers = source.neurons, source.n_layers  # n_layers None: all in an archive
-    bias = challenge_bias(neurons) if bias is None else float(bias)
-    categories = dict(categories or {})
-    sources = source.sources(out)
-    sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
-    sources["the --inputs file"] = inputs
-    check_outputs({"--out": out}, sources, force=force, regular=True)
-    truth_layers = sorted(set(truth_layers or []))
-    _check_truth_options(categories, truth_layers, inputs, make_inputs is not None,
-                         truth_backend)
-    if n_layers is not None:
-        _check_layer_counts(n_layers, categories, truth_layers)
-
-    t0 = time.perf_counter()
-    truth, rows = _read_inputs(inputs, n_images, categories, neurons, progress, t0)
-    if made is not None:
-        made.submit(neurons)
-    jobs = source.useful_jobs(jobs)
-    with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
-                      "compiling the TSV parser's kernels (once: later runs load them "
-                      "from numba's cache)"):
-        warm_kernels()  # here, not in the first layer's time nor each worker's
-    if make_inputs is not None:
-        rows = made.result() if made is not None else make_inputs(neurons)
-        _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
-    if truth_layers:  # before the layers are read, not after
-        from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
-
-        name, fn = resolve_truth_backend(truth_backend)
-        check_truth_memory(name, fn, rows.n_rows, neurons,
-                           extra=max(truth_layers) * kept_layer_bytes(neurons))
-    provenance = _provenance(weights, source, neurons, bias, clip, inputs, categories,
-                             made_inputs_source if make_inputs is not None else None,
-                             rows.n_rows if rows is not None else n_images)
-    count = n_layers if n_layers is not None else "all"
-    how = "parse threads" if getattr(source, "in_memory", False) else "worker processes"
-    _log(progress, f"{count} layers of N={neurons} from {weights} -> {out}"
-                   + (f" ({jobs} {how})" if jobs > 1 else ""))
-    kept = []
-    # the workers start (fork) before the store is opened, and stop after it is closed
-    with LayerReader(source, bias=bias, clip=clip, jobs=jobs, near=out) as reader, \
-            StoreWriter(out, provenance) as writer:
-        if rows is not None:
-            writer.write_inputs(rows)
-            if not truth_layers:
-                rows = None  # free before the layers
-        for n_l, ids in sorted(truth.items()):
-            writer.add_truth(n_l, ids,
-                             f"categories file given to prepare: {Path(categories[n_l]).name}")
-        bar = Progress("", n_layers, stderr_lines("spdnn prepare") if progress else None,
-                       every=1.0)
-        edges = k = 0
-        for k, layer in enumerate(reader, start=1):
-            writer.add_layer(layer)
-            edges += layer.nnz
-            rate = f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s"
-            read = source.fraction()  # an archive: the share read (layers come in any order)
-            if read is None:
-                bar(k, rate)
-            else:  # the time left follows the archive read, until the last layer is written
-                done = min(max(read, k / n_layers if n_layers else 0.0), 0.99)
-                bar(k, f"{read:.0%} of the archive read, {rate}", fraction=done)
-            if truth_layers:
-                kept.append(layer)
-        if n_layers is None:  # an archive read to its end
-            n_layers = bar.total = k
+        check_outputs({"--out": out}, force=force, regular=True)
+        source = open_layers(weights, neurons, n_layers)
+        neurons, n_layers = source.neurons, source.n_layers  # n_layers None: all in an archive
+        bias = challenge_bias(neurons) if bias is None else float(bias)
+        categories = dict(categories or {})
+        sources = source.sources(out)
+        sources |= {f"the truth file given for {n} layers": p for n, p in categories.items()}
+        sources["the --inputs file"] = inputs
+        check_outputs({"--out": out}, sources, force=force, regular=True)
+        truth_layers = sorted(set(truth_layers or []))
+        _check_truth_options(categories, truth_layers, inputs, make_inputs is not None,
+                             truth_backend)
+        if n_layers is not None:
             _check_layer_counts(n_layers, categories, truth_layers)
-            bar(k, f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s")
-        provenance["layers"] = n_layers
-        provenance["source"]["layer_files"] = source.describe()
-        writer.set_provenance(provenance)
-        if truth_layers:
-            _add_computed_truth(writer, kept, rows, truth_layers, truth_backend, progress)
-    _log(
-        progress,
-        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
-    )
-    return out
+
+        t0 = time.perf_counter()
+        truth, rows = _read_inputs(inputs, n_images, categories, neurons, progress, t0)
+        if made is not None:
+            made.submit(neurons)
+        jobs = source.useful_jobs(jobs)
+        with note_if_slow(stderr_lines("spdnn prepare") if progress else None,
+                          "compiling the TSV parser's kernels (once: later runs load them "
+                          "from numba's cache)"):
+            warm_kernels()  # here, not in the first layer's time nor each worker's
+        if make_inputs is not None:
+            rows = made.result() if made is not None else make_inputs(neurons)
+            _log(progress, f"generated inputs: {rows.n_rows} images, {rows.nnz} nonzeros")
+        if truth_layers:  # before the layers are read, not after
+            from spdnn_mpi.truth import check_truth_memory, kept_layer_bytes, resolve_truth_backend
+
+            name, fn = resolve_truth_backend(truth_backend)
+            check_truth_memory(name, fn, rows.n_rows, neurons,
+                               extra=max(truth_layers) * kept_layer_bytes(neurons))
+        provenance = _provenance(weights, source, neurons, bias, clip, inputs, categories,
+                                 made_inputs_source if make_inputs is not None else None,
+                                 rows.n_rows if rows is not None else n_images)
+        count = n_layers if n_layers is not None else "all"
+        how = "parse threads" if getattr(source, "in_memory", False) else "worker processes"
+        _log(progress, f"{count} layers of N={neurons} from {weights} -> {out}"
+                       + (f" ({jobs} {how})" if jobs > 1 else ""))
+        kept = []
+        # the workers start (fork) before the store is opened, and stop after it is closed
+        with LayerReader(source, bias=bias, clip=clip, jobs=jobs, near=out) as reader, \
+                StoreWriter(out, provenance) as writer:
+            if rows is not None:
+                writer.write_inputs(rows)
+                if not truth_layers:
+                    rows = None  # free before the layers
+            for n_l, ids in sorted(truth.items()):
+                writer.add_truth(n_l, ids,
+                                 f"categories file given to prepare: {Path(categories[n_l]).name}")
+            bar = Progress("", n_layers, stderr_lines("spdnn prepare") if progress else None,
+                           every=1.0)
+            edges = k = 0
+            for k, layer in enumerate(reader, start=1):
+                writer.add_layer(layer)
+                edges += layer.nnz
+                rate = f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s"
+                read = source.fraction()  # an archive: the share read (layers come in any order)
+                if read is None:
+                    bar(k, rate)
+                else:  # the time left follows the archive read, until the last layer is written
+                    done = min(max(read, k / n_layers if n_layers else 0.0), 0.99)
+                    bar(k, f"{read:.0%} of the archive read, {rate}", fraction=done)
+                if truth_layers:
+                    kept.append(layer)
+            if n_layers is None:  # an archive read to its end
+                n_layers = bar.total = k
+                _check_layer_counts(n_layers, categories, truth_layers)
+                bar(k, f"{edges / max(time.perf_counter() - bar.start, 1e-9) / 1e6:.1f} M edges/s")
+            provenance["layers"] = n_layers
+            provenance["source"]["layer_files"] = source.describe()
+            writer.set_provenance(provenance)
+            if truth_layers:
+                _add_computed_truth(writer, kept, rows, truth_layers, truth_backend, progress)
+        _log(
+            progress,
+            f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
+        )
+        return out
 
 
 def _check_truth_options(categories: dict, truth_layers: list[int], inputs,
