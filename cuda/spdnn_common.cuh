@@ -21,13 +21,22 @@
 #define ST_TILES 1        // tiles in use = ceil(rows / 32)
 #define ST_SEL 2          // features are in buffer SEL (0 or 1)
 #define ST_POS_SEL 3      // row positions are in pos array POS_SEL
-#define ST_DO_COMPACT 4   // set by the plan, done by the next layer or compact_rows
+#define ST_DO_COMPACT 4   // set by the plan (COMPACT_*), done by the next layer or compact_rows
 #define ST_NEW_ROWS 5     // rows alive after the last layer
 #define ST_DONE 6         // finished-block counter (last-block pattern)
 #define ST_DID_COMPACT 7  // the last layer was followed by a compaction
 #define ST_COMPACTIONS 8  // compactions so far (reported)
 #define ST_MERGE_ROWS 9   // rows held before the last merge of identical rows
+#define ST_NEW_SLOTS 10   // rows after the pending compaction on write
+#define ST_HAS_PAD 11     // the buffer holds padding slots (dead rows) of a padded compaction
 #define ST_SIZE 16
+
+// Values of ST_DO_COMPACT. One word says both whether and how, so a layer
+// kernel reads one state word for it (a second load at each kernel's start
+// cost 0.7 us a layer at N = 1024: 14.7 against 14.0 us, H100, 2026-12-06).
+#define COMPACT_NONE 0
+#define COMPACT_EXACT 1   // survivors to tile_base[t] + rank: dense slots
+#define COMPACT_PADDED 2  // to tile_slot[t] + rank: each tile's survivors 8-aligned
 
 // Slots of the pointer table (an i64 array on the device). Kernels take the
 // buffers from it rather than as arguments, so a captured CUDA graph of the
@@ -37,7 +46,7 @@
 #define P_POS0 2
 #define P_POS1 3
 #define P_MASKS 4
-#define P_TILE_BASE 5
+#define P_TILE_BASE 5  // 2 x max_tiles: each tile's first slot, exact, then 8-aligned (tile_slot)
 #define P_TSTRIDE 6
 #define P_MAX_TILES 7
 #define P_SIZE 8
@@ -107,57 +116,97 @@ __device__ __forceinline__ bool last_block_done(int* state) {
   return s_last;
 }
 
-// Run by all threads of one block: exclusive prefix over tiles of the rows
-// set in mask (& valid) into tile_base; returns the total to every thread.
-// Clears next_mask (the other parity, for the next layer) unless it is null.
-__device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int n_tiles,
-                           int n_rows) {
+// Run by all threads of one block: exclusive prefix of v over the block's
+// threads in thread order; the block's total in total.
+__device__ __forceinline__ int block_exclusive_scan(int v, int& total) {
   __shared__ int s_warp[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nwarps ? s_warp[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  const int pre = x - v + (warp ? s_warp[warp - 1] : 0);
+  total = s_warp[nwarps - 1];
+  __syncthreads();
+  return pre;
+}
+
+// Run by all threads of one block: exclusive prefix over tiles of the rows
+// set in mask (& valid) into tile_base, each tile's count first rounded up to
+// a multiple of ALIGN (1, or 8 for a padded compaction: tile_slot);
+// returns the total to every thread. Clears next_mask (the other parity, for
+// the next layer) unless it is null.
+template <int ALIGN>
+__device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int n_tiles,
+                           int n_rows) {
   int carry = 0;
   for (int base = 0; base < n_tiles; base += blockDim.x) {
     const int t = base + threadIdx.x;
     int c = 0;
     if (t < n_tiles) {
       c = __popc(__ldcg(mask + t) & valid_bits(t, n_rows));
+      c = (c + ALIGN - 1) / ALIGN * ALIGN;
       if (next_mask) next_mask[t] = 0u;
     }
-    int x = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    if (lane == 31) s_warp[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-      int w = lane < nwarps ? s_warp[lane] : 0;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += y;
-      }
-      s_warp[lane] = w;
-    }
-    __syncthreads();
-    if (t < n_tiles) tile_base[t] = carry + x - c + (warp ? s_warp[warp - 1] : 0);
-    carry += s_warp[nwarps - 1];
-    __syncthreads();
+    int total;
+    const int pre = block_exclusive_scan(c, total);
+    if (t < n_tiles) tile_base[t] = carry + pre;
+    carry += total;
   }
   return carry;
 }
 
+// Narrowest rows whose compactions are padded to 8-aligned slots: padding
+// every compaction at N = 4096 made the direct mode slower (4096 x 480 off 135
+// against 148 TE/s), where at 16384 and 65536 layers 1-10 ran 16-18 % faster
+// (H100, 2026-12-06).
+#define PAD_MIN_WIDTH 8192
+
 // Run by all threads of the last block of a layer kernel: count live rows
-// (mask & valid), exclusive prefix of live rows over tiles into tile_base,
-// clear the other parity's masks for the next layer, record the count and
-// decide whether the survivors move to dense tiles (ST_DO_COMPACT: the next
-// layer writes them there, or compact_rows moves them). ``took``: this layer
-// wrote the compaction the previous plan asked for, so its rows are the new ones.
+// (mask & valid), exclusive prefix of live rows over tiles into tile_base
+// (and, for a padded compaction, of their 8-aligned slots into tile_slot,
+// the second half of tile_base), clear the other parity's masks for the next
+// layer, record the count and decide whether the survivors move to dense
+// tiles (ST_DO_COMPACT: the next layer writes them there, or compact_rows
+// moves them). ``took``: this layer wrote the compaction the previous plan
+// asked for, so its rows are the new ones (``padded_now``: in padded slots).
+// PADS: the kernel has a padded walk (only those plan padded compactions).
+template <bool PADS>
 __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
-                           int* live_hist, u64* stamps, int k, int drop_dead, bool took) {
-  const int n_rows = ld_state(state, took ? ST_NEW_ROWS : ST_ROWS);
+                           int max_tiles, int* live_hist, u64* stamps, int k, int drop_dead,
+                           bool took, bool padded_now, int width) {
+  const int n_rows = ld_state(state, took ? (padded_now ? ST_NEW_SLOTS : ST_NEW_ROWS) : ST_ROWS);
+  // read by every thread before the syncs of tile_prefix, written by thread 0 after
+  const int has_pad = took ? padded_now : ld_state(state, ST_HAS_PAD);
   const int n_tiles = (n_rows + 31) / 32;
-  const int carry = tile_prefix(mask, next_mask, tile_base, n_tiles, n_rows);
+  const int live = tile_prefix<1>(mask, next_mask, tile_base, n_tiles, n_rows);
+  // Compact where that frees 1/COMPACT_DIV of the tiles, or any tile while the
+  // buffer holds padding; 8-aligned (tile_slot) where rows are at least
+  // PAD_MIN_WIDTH wide and the padded slots free as much (rows dying fast),
+  // else exact, so padding never stays for long. The block decides as one.
+  const int freed = n_tiles - (live + 31) / 32;
+  const int compact =
+      drop_dead && freed > 0 && (freed * SPDNN_COMPACT_DIV >= n_tiles || has_pad);
+  int slots = live;
+  if (PADS && compact && width >= PAD_MIN_WIDTH) {
+    slots = tile_prefix<8>(mask, nullptr, tile_base + max_tiles, n_tiles, n_rows);
+    if ((n_tiles - (slots + 31) / 32) * SPDNN_COMPACT_DIV < n_tiles) slots = live;
+  }
+  const int padded = slots != live;
   if (threadIdx.x == 0) {
     if (took) {
       state[ST_ROWS] = n_rows;
@@ -165,12 +214,11 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
       state[ST_POS_SEL] ^= 1;
       state[ST_COMPACTIONS] += 1;
     }
-    live_hist[k] = carry;
-    const int new_tiles = (carry + 31) / 32;
-    const int freed = n_tiles - new_tiles;
-    const int compact = drop_dead && freed > 0 && freed * SPDNN_COMPACT_DIV >= n_tiles;
-    state[ST_DO_COMPACT] = compact;
-    state[ST_NEW_ROWS] = carry;
+    live_hist[k] = live;
+    state[ST_DO_COMPACT] = compact ? (padded ? COMPACT_PADDED : COMPACT_EXACT) : COMPACT_NONE;
+    state[ST_NEW_ROWS] = live;
+    state[ST_NEW_SLOTS] = slots;
+    state[ST_HAS_PAD] = has_pad;
     state[ST_DID_COMPACT] = 0;
     state[ST_SEL] ^= 1;  // the output is current
     stamps[k + 1] = global_ns();

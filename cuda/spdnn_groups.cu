@@ -48,8 +48,10 @@ __device__ __forceinline__ void for_each_slot(const int4* __restrict__ op, F&& f
 // the same rows, so the quarter-warp's live rows are put in slot order once
 // (through stage, 32 floats of this quarter) and its 8 lanes then store 8
 // consecutive slots at a time, one or two 32-byte sectors, where each lane
-// would store its own 4 scattered rows (4 sectors an instruction). Returns
-// the alive bits as bits of output tiles o.t0, o.t0 + 1.
+// would store its own 4 scattered rows (4 sectors an instruction); with
+// padding (o.pad), the slots after the tile's last survivor up to the next
+// multiple of 8 get zeros (spdnn_layer.cuh, compaction on write). Returns the
+// alive bits as bits of output tiles o.t0, o.t0 + 1.
 template <int LS>
 __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __restrict__ op,
                                                    const LayerArgs& a, const Rows4To& o,
@@ -57,6 +59,7 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
   const int lane = threadIdx.x & 31, ql = lane & 7;
   const int base = __shfl_sync(0xffffffffu, o.first, lane & ~7);  // the tile's first slot
   const int cnt = __shfl_sync(0xffffffffu, o.first + __popc(o.live), lane | 7) - base;
+  const int padded = o.pad ? (cnt + 7) & ~7 : cnt;
   const float v[4] = {acc.x, acc.y, acc.z, acc.w};
   __syncwarp();
   int k = o.first - base;
@@ -76,7 +79,7 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
     const bool in = kk < cnt;
     valid |= (u32)in << i;
     sp[i] = in ? stage[kk] : 0.0f;
-    p[i] = in ? dst + (i64)(slot >> 5) * a.tstride + (slot & 31) : nullptr;
+    p[i] = kk < padded ? dst + (i64)(slot >> 5) * a.tstride + (slot & 31) : nullptr;
   }
   u32 alive = 0u;
   for_each_slot<LS>(op, [&](int, int id) {
@@ -84,7 +87,7 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
     const float ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (p[i]) p[i][(i64)id * 32] = ys[i];
+      if (p[i]) p[i][(i64)id * 32] = o.pad && !((valid >> i) & 1u) ? 0.0f : ys[i];
     }
     alive |= alive4(y);
   });
@@ -169,7 +172,7 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
 
 // The kernel's walk over (tile, warp step) units, in place or compacting; LS
 // slots a lane, SUM as in group_rows4.
-template <int D, int LS, bool COMPACT, bool SUM>
+template <int D, int LS, bool COMPACT, bool PAD, bool SUM>
 __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction& cmp,
                                            int n_groups, const u16* __restrict__ gidx,
                                            const int* __restrict__ gout,
@@ -195,14 +198,14 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
   for (i64 c = warp_id * chunk; c < n_steps; c += n_warps * chunk) {
     const i64 c_end = min(n_steps, c + chunk);
     int t_cur = (int)(c / steps_per_tile);
-    Rows4To o = rows4_to<COMPACT>(cmp, t_cur, r4);
+    Rows4To o = rows4_to<COMPACT, PAD>(cmp, t_cur, r4);
     u64 alive = 0ull;
     for (i64 s = c; s < c_end; ++s) {
       const int t = (int)(s / steps_per_tile);  // the same for the whole warp
       if (t != t_cur) {
         flush_alive(mask, o.t0, alive);
         t_cur = t;
-        o = rows4_to<COMPACT>(cmp, t, r4);
+        o = rows4_to<COMPACT, PAD>(cmp, t, r4);
         alive = 0ull;
       }
       const int step = (int)(s - (i64)t * steps_per_tile);
@@ -232,12 +235,11 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
   LAYER_ARGS;
   const Compaction cmp = compaction_of(a);
   constexpr int LS = SPDNN_GROUP_LANE_SLOTS;
-  if (cmp.on) {
-    group_walk<D, LS, true, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk, nullptr);
-  } else {
-    group_walk<D, LS, false, false>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk, nullptr);
-  }
-  finish_layer(a, cmp.on);
+  with_form<false>(cmp, [&](auto form) {
+    group_walk<D, LS, decltype(form)::compact, false, false>(a, cmp, n_groups, gidx, gout, gw,
+                                                             wstride, chunk, nullptr);
+  });
+  finish_layer(a, cmp.on, false);
 }
 
 // The shared-sum form for uniform layers (gw, wstride: unused, kept so both
@@ -252,12 +254,9 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GSUM_MIN_BLOCKS)
   __shared__ float stage[SPDNN_GROUP_THREADS * 4];  // 32 floats a quarter-warp
   float* my_stage = stage + (threadIdx.x >> 3) * 32;
   const Compaction cmp = compaction_of(a);
-  if (cmp.on) {
-    group_walk<D, GROUP_SLOTS, true, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk,
-                                           my_stage);
-  } else {
-    group_walk<D, GROUP_SLOTS, false, true>(a, cmp, n_groups, gidx, gout, gw, wstride, chunk,
-                                            my_stage);
-  }
-  finish_layer(a, cmp.on);
+  with_form<true>(cmp, [&](auto form) {
+    group_walk<D, GROUP_SLOTS, decltype(form)::compact, decltype(form)::pad, true>(
+        a, cmp, n_groups, gidx, gout, gw, wstride, chunk, my_stage);
+  });
+  finish_layer<true>(a, cmp.on, cmp.pad);
 }

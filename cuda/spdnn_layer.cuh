@@ -82,12 +82,15 @@ __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) 
 }
 
 // The plan of this layer (last block); ``took``: it wrote a pending
-// compaction (compact on write, below).
-__device__ __forceinline__ void finish_layer(const LayerArgs& a, bool took) {
+// compaction (compact on write, below), ``padded``: to 8-aligned slots.
+// PADS: the kernel has a padded walk (with_form).
+template <bool PADS = false>
+__device__ __forceinline__ void finish_layer(const LayerArgs& a, bool took, bool padded) {
   if (last_block_done(a.state)) {
     u32* mask = a.masks + (a.k & 1) * a.max_tiles;
     u32* next = a.masks + ((a.k + 1) & 1) * a.max_tiles;
-    block_plan(a.state, mask, next, a.tile_base, a.live_hist, a.stamps, a.k, a.drop_dead, took);
+    block_plan<PADS>(a.state, mask, next, a.tile_base, a.max_tiles, a.live_hist, a.stamps,
+                     a.k, a.drop_dead, took, padded, a.n_out);
   }
 }
 
@@ -144,11 +147,20 @@ __device__ __forceinline__ u32 store_rows4(float4 acc, int j, const LayerArgs& a
 // read their input rows in place and write each row that survived the
 // previous layer straight to its compacted slot, so no pass of its own moves
 // the survivors (the host launches compact_rows only before other kernels);
-// the layer's plan then takes the new row count (block_plan).
+// the layer's plan then takes the new row count (block_plan). While rows die
+// fast (COMPACT_PADDED), each input tile's survivors start at an 8-aligned
+// slot (tile_slot, the second half of tile_base) and the slots up to the next
+// multiple of 8 after them are written as dead rows (zero features, position
+// -1), so no 32-byte sector of the output is stored by two warps: a sector two
+// warps filled in part went to DRAM twice and was read back to merge
+// (docs/design.md).
 struct Compaction {
   bool on;
   const u32* live;  // the previous layer's alive bits of the input tiles
-  const int* tile_base;  // compacted slot of each input tile's first survivor
+  const int* tile_base;  // compacted slot of each input tile's first survivor; after
+                         // max_tiles, its 8-aligned slot (tile_slot)
+  int max_tiles;
+  bool pad;  // the plan asked for 8-aligned slots, padded with dead rows
   const int* pos_from;
   int* pos_to;
   int n_rows;  // input rows (before the compaction)
@@ -156,9 +168,12 @@ struct Compaction {
 
 __device__ __forceinline__ Compaction compaction_of(const LayerArgs& a) {
   Compaction c;
-  c.on = ld_state(a.state, ST_DO_COMPACT) != 0;
+  const int how = ld_state(a.state, ST_DO_COMPACT);
+  c.on = how != COMPACT_NONE;
   c.live = a.masks + ((a.k + 1) & 1) * a.max_tiles;
+  c.pad = how == COMPACT_PADDED;
   c.tile_base = a.tile_base;
+  c.max_tiles = a.max_tiles;
   const int pos_sel = ld_state(a.state, ST_POS_SEL);
   c.pos_from = pos_sel ? a.pos1 : a.pos0;
   c.pos_to = pos_sel ? a.pos0 : a.pos1;
@@ -175,14 +190,37 @@ struct Rows4To {
   int t0;
   int first;
   u32 live;
+  bool pad;  // the tile's survivors are followed by padding slots up to a multiple of 8
 };
 
-template <bool COMPACT>
+template <bool COMPACT, bool PAD>
 __device__ __forceinline__ Rows4To rows4_to(const Compaction& c, int t, int r4) {
-  if (!COMPACT) return {t, t * 32 + r4, 0xfu};
+  if (!COMPACT) return {t, t * 32 + r4, 0xfu, false};
   const u32 m = __ldcg(c.live + t) & valid_bits(t, c.n_rows);
-  const int base = __ldcg(c.tile_base + t);
-  return {base >> 5, base + __popc(m & ((1u << r4) - 1u)), (m >> r4) & 0xfu};
+  const int base = __ldcg(c.tile_base + (PAD ? c.max_tiles : 0) + t);
+  return {base >> 5, base + __popc(m & ((1u << r4) - 1u)), (m >> r4) & 0xfu, PAD};
+}
+
+// Calls walk(Form<COMPACT, PAD>{}) with the pending compaction's form as
+// compile-time constants, so each form is compiled on its own: the in-place
+// and exact walks carry none of the padded walk's code (with it, the exact
+// compacting layers at N = 4096 ran 7-15 % slower, H100, 2026-12-06). A
+// kernel without a padded walk (PADS false) compacts a padded plan exactly
+// (tile_base holds the exact slots too) and tells finish_layer so.
+template <bool C, bool P>
+struct Form {
+  static constexpr bool compact = C, pad = P;
+};
+
+template <bool PADS, typename Walk>
+__device__ __forceinline__ void with_form(const Compaction& c, Walk&& walk) {
+  if (!c.on) {
+    walk(Form<false, false>{});
+  } else if (PADS && c.pad) {
+    walk(Form<true, PADS>{});
+  } else {
+    walk(Form<true, false>{});
+  }
 }
 
 // The compacted slot of row e of the lane (one of ``live``).
@@ -235,11 +273,16 @@ __device__ __forceinline__ void flush_alive(u32* mask, int t0, u64 alive) {
   }
 }
 
-// Compacting: the survivors' image positions move with them (one lane per 4 rows).
+// Compacting: the survivors' image positions move with them (one lane per 4
+// rows); the lane of rows 28-31 marks the tile's padding slots (-1).
 __device__ __forceinline__ void move_positions(const Compaction& c, const Rows4To& o, int t,
                                                int r4) {
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     if ((o.live >> e) & 1u) c.pos_to[slot_of(o, e)] = c.pos_from[t * 32 + r4 + e];
+  }
+  if (o.pad && r4 == 28) {
+    const int end = o.first + __popc(o.live);
+    for (int s = end; s < ((end + 7) & ~7); ++s) c.pos_to[s] = -1;
   }
 }

@@ -121,13 +121,13 @@ extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, i
   const int n_tiles = (n_rows + 31) / 32;
   const u32* mask = layer_mask(ptrs, k);
   int* tile_base = reinterpret_cast<int*>(ptrs[P_TILE_BASE]);
-  const int reps = tile_prefix(mask, nullptr, tile_base, n_tiles, n_rows);
+  const int reps = tile_prefix<1>(mask, nullptr, tile_base, n_tiles, n_rows);
   if (threadIdx.x == 0) {
     state[ST_MERGE_ROWS] = n_rows;
     state[ST_NEW_ROWS] = reps;
     out[0] = reps;
     const int merge = reps < n_rows;
-    state[ST_DO_COMPACT] = merge;
+    state[ST_DO_COMPACT] = merge ? COMPACT_EXACT : COMPACT_NONE;  // compact_rows follows
     stamps[k + 1] = global_ns();
   }
 }

@@ -89,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(256)
     state[ST_SEL] = sel ^ 1;
     state[ST_DO_COMPACT] = 0;
     state[ST_DID_COMPACT] = 1;
+    state[ST_HAS_PAD] = 0;
     state[ST_COMPACTIONS] += 1;
     stamps[k + 1] = global_ns();
     __threadfence();

@@ -62,6 +62,35 @@ def test_radixnet_4096_categories_and_batching(variant):
     assert backend.describe()["graphs"] == "on"
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_radixnet_16384_padded_compactions_match_reference(mixed):
+    """Rows 16384 wide that die fast: compactions on write put each tile's survivors at
+    an 8-aligned slot with dead padding rows after them (spdnn_layer.cuh), then an
+    exact compaction drops the padding; features and categories stay the reference's.
+    ``mixed``: layers 4 and 6 have per-weight values, so a kernel without a padded walk
+    follows a padded plan and compacts it exactly."""
+    import dataclasses
+
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    rng = np.random.default_rng(8)
+    net = radixnet_network(16384, 10)
+    if mixed:
+        for k in (4, 6):
+            layer = net.layers[k]
+            scale = rng.uniform(0.8, 1.2, layer.indices.size)
+            values = (layer.uniform_value * scale).astype(np.float32)
+            net.layers[k] = dataclasses.replace(layer, values=values, uniform_value=None)
+    a = random_inputs(rng, 1200, 16384, 0.1)
+    b = random_inputs(rng, 400, 16384, 0.45)
+    rows = SparseRows(16384, np.concatenate([a.indptr, b.indptr[1:] + a.indptr[-1]]),
+                      np.concatenate([a.indices, b.indices]))
+    for graphs in (True, False):
+        res = check(net, rows, cuda_backend(graphs=graphs), features=True)
+        assert 0 < len(res.alive_ids) < rows.n_rows
+        assert res.live_per_layer[3] < 0.8 * rows.n_rows  # rows died: compactions ran
+
+
 def test_describe_reports_memory_and_timing():
     rng = np.random.default_rng(8)
     net = random_network(rng, [100, 100, 100])

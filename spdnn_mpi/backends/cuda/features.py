@@ -72,7 +72,8 @@ class FeatureBuffers:
             self.buf = cp.empty((2, cap * self.tstride), dtype=np.float32)
             self.pos = cp.empty((2, cap * lay.TILE_ROWS), dtype=np.int32)
             self.masks = cp.zeros((2, cap), dtype=np.uint32)
-            self.tile_base = cp.zeros(cap, dtype=np.int32)
+            # each tile's first compacted slot: exact, then 8-aligned (tile_slot)
+            self.tile_base = cp.zeros(2 * cap, dtype=np.int32)
         self.cap_tiles = cap
         table = np.array([self.buf[0].data.ptr, self.buf[1].data.ptr, self.pos[0].data.ptr,
                           self.pos[1].data.ptr, self.masks.data.ptr, self.tile_base.data.ptr,
