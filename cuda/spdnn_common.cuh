@@ -29,6 +29,7 @@
 #define ST_MERGE_ROWS 9   // rows held before the last merge of identical rows
 #define ST_NEW_SLOTS 10   // rows after the pending compaction on write
 #define ST_HAS_PAD 11     // the buffer holds padding slots (dead rows) of a padded compaction
+#define ST_PADDED_COMPACTIONS 12  // of ST_COMPACTIONS, those to 8-aligned slots (reported)
 #define ST_SIZE 16
 
 // Values of ST_DO_COMPACT. One word says both whether and how, so a layer
@@ -213,6 +214,7 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
       state[ST_TILES] = n_tiles;
       state[ST_POS_SEL] ^= 1;
       state[ST_COMPACTIONS] += 1;
+      state[ST_PADDED_COMPACTIONS] += padded_now;
     }
     live_hist[k] = live;
     state[ST_DO_COMPACT] = compact ? (padded ? COMPACT_PADDED : COMPACT_EXACT) : COMPACT_NONE;

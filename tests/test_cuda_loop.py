@@ -235,3 +235,21 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     assert packed.ensure(upper) is not out and packed.allocations == 3  # the device array
     # allocated again, at the same address or not: no graph of the old one is reused
     assert packed.copy_key(upper) != key
+
+
+def test_host_mirrors_of_the_device_state_and_pointer_table_match_the_kernels():
+    """The state slots and the pointer table's size the host reads or fills are the
+    #defines of cuda/spdnn_common.cuh (a slot moved on one side only would read the
+    wrong word without any error)."""
+    import re
+
+    from spdnn_mpi.backends.cuda import features, readback
+    from spdnn_mpi.backends.cuda.layout import kernel_source_dir
+
+    text = kernel_source_dir().joinpath("spdnn_common.cuh").read_text(encoding="utf-8")
+    defines = {m[1]: int(m[2]) for m in re.finditer(r"^#define (\w+) (\d+)\b", text, re.M)}
+    for name in ("ST_ROWS", "ST_TILES", "ST_COMPACTIONS", "ST_PADDED_COMPACTIONS", "ST_SIZE"):
+        assert getattr(readback, name) == defines[name], name
+    assert features.P_SIZE == defines["P_SIZE"]
+    slots = [v for k, v in defines.items() if k.startswith("ST_") and k != "ST_SIZE"]
+    assert len(set(slots)) == len(slots) and max(slots) < defines["ST_SIZE"]

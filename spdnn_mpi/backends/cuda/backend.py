@@ -22,6 +22,7 @@ from spdnn_mpi.backends.cuda.merge import DeviceMerge
 from spdnn_mpi.backends.cuda.network import DeviceNetwork, build_network, network_kernels
 from spdnn_mpi.backends.cuda.readback import (
     ST_COMPACTIONS,
+    ST_PADDED_COMPACTIONS,
     ST_ROWS,
     PackedResults,
     unpack_results,
@@ -88,6 +89,7 @@ class CudaBackend(Backend):
         self._merger: DeviceMerge | None = None
         self._layers_run = 0
         self._compactions: int | None = None  # of the last batch
+        self._padded_compactions: int | None = None  # of those, to 8-aligned slots
         self._prepared = (0.0, False)  # prepare_kernels: (seconds, whether NVRTC ran)
 
     def _track_peak(self) -> None:
@@ -182,6 +184,7 @@ class CudaBackend(Backend):
         state, live, stamps, pos, features = unpack_results(
             data, n_run, width, want_features, ordered=not self._queue.merging)
         self._compactions = int(state[ST_COMPACTIONS])
+        self._padded_compactions = int(state[ST_PADDED_COMPACTIONS])
         layer_seconds = None
         if n_run and 0 not in stamps:
             layer_seconds = [(b - a) * 1e-9 for a, b in zip(stamps, stamps[1:])]
@@ -224,6 +227,7 @@ class CudaBackend(Backend):
             "variant": self.variant,
             "peak_device_bytes": self._peak,
             "compactions_last_batch": self._compactions,
+            "padded_compactions_last_batch": self._padded_compactions,
             "graphs": self._queue.graphs.note,
             **self._kernel_info(),
         }
