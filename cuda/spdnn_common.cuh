@@ -32,9 +32,11 @@
 #define ST_PADDED_COMPACTIONS 12  // of ST_COMPACTIONS, those to 8-aligned slots (reported)
 #define ST_SIZE 16
 
-// Values of ST_DO_COMPACT. One word says both whether and how, so a layer
-// kernel reads one state word for it (a second load at each kernel's start
-// cost 0.7 us a layer at N = 1024: 14.7 against 14.0 us, H100, 2026-12-06).
+// Values of ST_DO_COMPACT. One word says both whether and how, and the
+// 8-aligned slots are the second half of tile_base, so a layer kernel loads
+// nothing more than before (a second state word and a pointer-table entry
+// loaded at each kernel's start cost 0.7 us a layer at N = 1024: 14.7 against
+// 14.0 us, H100, 2026-12-06).
 #define COMPACT_NONE 0
 #define COMPACT_EXACT 1   // survivors to tile_base[t] + rank: dense slots
 #define COMPACT_PADDED 2  // to tile_slot[t] + rank: each tile's survivors 8-aligned
