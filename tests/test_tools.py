@@ -15,8 +15,8 @@ import pytest
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 #: The tools kept (maintained and documented); a new script belongs here with a test.
-KEPT = {"compile_kernels.sh", "device_run.sh", "fetch_challenge.sh", "profile_layers.py",
-        "prune_mnist.py"}
+KEPT = {"compare_bench.py", "compile_kernels.sh", "device_run.sh", "fetch_challenge.sh",
+        "profile_layers.py", "prune_mnist.py"}
 
 
 def run(*argv: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -40,6 +40,7 @@ def test_shell_scripts_parse(script):
     (["bash", "device_run.sh", "--help"], ["STEPS", "Steps", "profile"]),
     ([sys.executable, "profile_layers.py", "--help"], ["usage:", "--define NAME=INT", "--model"]),
     ([sys.executable, "prune_mnist.py", "--help"], ["usage:", "--out", "--sparsities"]),
+    ([sys.executable, "compare_bench.py", "--help"], ["usage:", "--before", "--after", "--json"]),
 ])
 def test_tool_answers_help(argv, words):
     res = run(*argv[:1], str(TOOLS / argv[1]), *argv[2:])
@@ -114,3 +115,90 @@ def test_fetch_challenge_from_a_local_mirror(tmp_path):
     assert (dest / "sparse-images-1024.tsv.gz").exists()
     assert not (dest / "neuron1024.tar.gz").exists()  # removed unless --keep-archive
     assert not list(dest.glob("*.part"))
+
+
+def _bench_json(path: Path, teps: dict[str, tuple[float, float]], *, device: str = "card",
+                passed: bool = True) -> Path:
+    """A challenge bench JSON with these configurations' (off, auto) TE/s."""
+    import json
+
+    check = {"against": "off", "passed": passed}
+    results = [{"neurons": int(c.split("x")[0]), "layers": int(c.split("x")[1]),
+                "backend_info": {"device": device},
+                "modes": {"off": {"teraedges_per_second": off, "check": {"passed": True}},
+                          "auto": {"teraedges_per_second": auto, "check": check,
+                                   "same_as_off": passed}}}
+               for c, (off, auto) in teps.items()]
+    path.write_text(json.dumps({"results": results}))
+    return path
+
+
+def test_compare_bench_gives_medians_and_the_rounds_ratio_range(tmp_path):
+    b1 = _bench_json(tmp_path / "b1.json", {"1024x120": (100.0, 200.0), "4096x120": (50.0, 60.0)})
+    b2 = _bench_json(tmp_path / "b2.json", {"1024x120": (110.0, 200.0)})
+    a1 = _bench_json(tmp_path / "a1.json", {"1024x120": (99.0, 220.0), "4096x120": (55.0, 60.0)})
+    a2 = _bench_json(tmp_path / "a2.json", {"1024x120": (121.0, 180.0)})
+    out = tmp_path / "cmp.json"
+    res = run(sys.executable, str(TOOLS / "compare_bench.py"), "--before", str(b1), str(b2),
+              "--after", str(a1), str(a2), "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    lines = {tuple(line.split()[:2]): line.split() for line in res.stdout.splitlines()[1:]}
+    # off at 1024 x 120: medians 105 -> 110, rounds 0.99 and 1.10
+    assert lines[("1024x120", "off")][2:6] == ["105.0", "110.0", "1.048", "0.990-1.100"]
+    assert lines[("1024x120", "auto")][5] == "0.900-1.100"
+    assert lines[("4096x120", "off")][2:6] == ["50.0", "55.0", "1.100", "1.100"]  # one round
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == ["1024x120", "4096x120"]
+    assert rows[0]["off"]["round_ratios"] == pytest.approx([0.99, 1.1])
+
+
+def test_compare_bench_says_when_a_check_failed_or_the_cards_differ(tmp_path):
+    good = _bench_json(tmp_path / "good.json", {"1024x120": (100.0, 200.0)})
+    bad = _bench_json(tmp_path / "bad.json", {"1024x120": (100.0, 200.0)}, passed=False)
+    other = _bench_json(tmp_path / "other.json", {"1024x120": (100.0, 200.0)}, device="H200")
+    cmp = [sys.executable, str(TOOLS / "compare_bench.py"), "--before", str(good), "--after"]
+    res = run(*cmp, str(bad))
+    assert res.returncode == 1 and "FAILED" in res.stdout
+    res = run(*cmp, str(other))
+    assert res.returncode == 1 and "devices differ: H200, card" in res.stdout
+    (tmp_path / "junk.json").write_text("{}")
+    res = run(*cmp, str(tmp_path / "junk.json"))
+    assert res.returncode != 0 and "junk.json: not a challenge bench JSON" in res.stderr
+
+
+def test_device_run_alternates_the_trees_and_compares_them(tmp_path):
+    """BASELINE_ROUNDS=2 runs the older tree and this one in turn twice, later rounds
+    without peers, and prints tools/compare_bench.py's table (python3 faked: no GPU)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls.log"
+    (fake / "python3").write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2 $3" == "-m spdnn_mpi bench" ]]; then
+  echo "$PWD $*" >> {log}
+  while [[ $# -gt 0 && $1 != --json ]]; do shift; done
+  off=100; [[ $PWD == {tmp_path}/old ]] && off=80
+  mode='{{"off": {{"teraedges_per_second": '$off'}}}}'
+  echo '{{"results": [{{"neurons": 1024, "layers": 120, "modes": '"$mode"'}}]}}' > "$2"
+  exit 0
+fi
+[[ "$1 $2" == "-m pip" ]] && exit 0
+exec {sys.executable} "$@"
+""")
+    (fake / "python3").chmod(0o755)
+    (tmp_path / "old" / "spdnn_mpi").mkdir(parents=True)
+    (tmp_path / "old" / "spdnn_mpi" / "__init__.py").write_text("")
+    out = tmp_path / "out"
+    res = run("bash", str(TOOLS / "device_run.sh"), env={
+        "PATH": f"{fake}:{os.environ['PATH']}", "STEPS": "challenge", "OUT": str(out),
+        "BASELINE": str(tmp_path / "old"), "BASELINE_ROUNDS": "2",
+        "BASELINE_ARGS": "--config 1024x120",
+        "CHALLENGE_ARGS": "--config 1024x120 --peer cusparse"})
+    assert res.returncode == 0, res.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == [str(tmp_path / "old"), str(TOOLS.parent)] * 2
+    assert "--peer cusparse" in calls[1] and "--peer" not in calls[3]
+    for name in ("bench_baseline", "bench_baseline_r2", "bench_challenge", "bench_challenge_r2"):
+        assert (out / f"{name}.json").is_file(), name
+    assert "1024x120   off      80.0     100.0   1.250    1.250-1.250  pass" in res.stdout

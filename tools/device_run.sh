@@ -22,7 +22,11 @@
 #              the first layers against the card's floor, the converged layers;
 #              with BASELINE=DIR (an older tree, e.g. from `git archive`), that
 #              tree's bench first (BASELINE_ARGS, default --challenge) on the
-#              same stores, for a comparison on one card in one call
+#              same stores, for a comparison on one card in one call, printed
+#              by tools/compare_bench.py; BASELINE_ROUNDS=R (default 1) runs the
+#              two trees in turn R times (rounds after the first: both with
+#              BASELINE_ARGS, no peers), since processes of one tree differ by
+#              a few per cent
 #   models     `spdnn bench --models` of the shipped pruned MNIST classifiers:
 #              cuda against PyTorch dense (cuBLAS), torch.sparse and onnxruntime
 #              (CPU) at 1000 and MODEL_IMAGES (60000) images, then (MODELS_CPU=1)
@@ -64,6 +68,10 @@ for step in $steps; do
 done
 if [[ -n ${BASELINE:-} && ! -f ${BASELINE}/spdnn_mpi/__init__.py ]]; then
   echo "device_run: BASELINE=$BASELINE is not a tree of this project (no spdnn_mpi/)" >&2
+  exit 2
+fi
+if [[ ! ${BASELINE_ROUNDS:-1} =~ ^[1-9][0-9]*$ ]]; then
+  echo "device_run: BASELINE_ROUNDS=$BASELINE_ROUNDS: give a whole number of rounds, 1 or more" >&2
   exit 2
 fi
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -142,21 +150,38 @@ smsp__inst_executed_op_global_st.sum,smsp__inst_executed_op_global_ld.sum \
 fi
 
 if [[ $steps == *challenge* ]]; then
-  if [[ -n ${BASELINE:-} ]]; then
-    # the older tree first, on the same card and stores (its peers off: they only check)
+  rounds=1
+  if [[ -n ${BASELINE:-} ]]; then rounds="${BASELINE_ROUNDS:-1}"; fi
+  before=() after=()
+  for ((r = 1; r <= rounds; r++)); do
+    sfx=""
+    ((r > 1)) && sfx="_r$r"
+    if [[ -n ${BASELINE:-} ]]; then
+      # the older tree first, on the same card and stores (its peers off: they only check)
+      # shellcheck disable=SC2086
+      (cd "$BASELINE" && PYTHONPATH="${PYTHONPATH/$root/$PWD}" timeout \
+        "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
+        ${BASELINE_ARGS:---challenge} --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
+        --json "$out/bench_baseline$sfx.json" 2>&1 | tee "$out/bench_baseline$sfx.log")
+      note "baseline ($BASELINE) challenge bench$sfx rc=${PIPESTATUS[0]}"
+      before+=("$out/bench_baseline$sfx.json")
+    fi
+    # CHALLENGE_ARGS: which configurations and peers (default: all 12, both peers);
+    # later rounds time only, with the baseline's arguments
+    args="${CHALLENGE_ARGS:---challenge --peer cusparse --peer torch}"
+    ((r > 1)) && args="${BASELINE_ARGS:---challenge}"
     # shellcheck disable=SC2086
-    (cd "$BASELINE" && PYTHONPATH="${PYTHONPATH/$root/$PWD}" timeout \
-      "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
-      ${BASELINE_ARGS:---challenge} --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
-      --json "$out/bench_baseline.json" 2>&1 | tee "$out/bench_baseline.log")
-    note "baseline ($BASELINE) challenge bench rc=${PIPESTATUS[0]}"
+    timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
+      $args --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
+      --json "$out/bench_challenge$sfx.json" 2>&1 | tee "$out/bench_challenge$sfx.log"
+    note "challenge bench$sfx rc=${PIPESTATUS[0]}"
+    after+=("$out/bench_challenge$sfx.json")
+  done
+  if [[ -n ${BASELINE:-} ]]; then
+    python3 "$root/tools/compare_bench.py" --before "${before[@]}" --after "${after[@]}" \
+      --json "$out/compare.json" > "$out/compare.log" 2>&1
+    note "compare_bench rc=$?"
   fi
-  # CHALLENGE_ARGS: which configurations and peers (default: all 12, both peers)
-  # shellcheck disable=SC2086
-  timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
-    ${CHALLENGE_ARGS:---challenge --peer cusparse --peer torch} --repeat 3 --truth-max 1024x480 \
-    --data-dir /tmp/bench --json "$out/bench_challenge.json" 2>&1 | tee "$out/bench_challenge.log"
-  note "challenge bench rc=${PIPESTATUS[0]}"
 fi
 
 if [[ $steps == *answer* ]]; then
@@ -225,6 +250,7 @@ for f in "$out"/profile_*.log; do
 done
 report "$out/bench_baseline.log"
 report "$out/bench_challenge.log"
+[[ -f $out/compare.log ]] && { echo "-- compare.log (before: BASELINE, after: this tree)"; cat "$out/compare.log"; }
 for f in "$out"/bench_models_*.log; do
   [[ -f $f ]] && { echo "-- $(basename "$f")"; grep -A 6 -E '^ *sparsity%' "$f"; }
 done
