@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
     group_walk<D, LS, decltype(form)::compact, false, false>(a, cmp, n_groups, gidx, gout, gw,
                                                              wstride, chunk, nullptr);
   });
-  finish_layer(a, cmp.on, false);
+  finish_layer(a, cmp.on);
 }
 
 // The shared-sum form for uniform layers (gw, wstride: unused, kept so both

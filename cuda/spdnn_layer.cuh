@@ -84,11 +84,12 @@ __device__ __forceinline__ float epilogue(float acc, int j, const LayerArgs& a) 
 // The plan of this layer (last block); ``took``: it wrote a pending
 // compaction (compact on write, below), ``padded``: to 8-aligned slots.
 // PADS: the kernel has a padded walk (with_form). Kernels without one call
-// finish_layer(...) with the default: spelling finish_layer<false>(...) in
+// finish_layer(a, took) with the defaults: spelling finish_layer<false>(...) in
 // them, or passing with_form's result as ``padded``, crashed nvcc 13.0's front
 // end (internal error in i_copy_expr_tree).
 template <bool PADS = false>
-__device__ __forceinline__ void finish_layer(const LayerArgs& a, bool took, bool padded) {
+__device__ __forceinline__ void finish_layer(const LayerArgs& a, bool took,
+                                             bool padded = false) {
   if (last_block_done(a.state)) {
     u32* mask = a.masks + (a.k & 1) * a.max_tiles;
     u32* next = a.masks + ((a.k + 1) & 1) * a.max_tiles;

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(SPDNN_SMEM_THREADS, 1)
                             return gather_rows4<D, true, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
                                 idx4 + (i64)s * (D / 8), xq);
                           });
-  finish_layer(a, took, false);
+  finish_layer(a, took);
 }
 
 // Gathers through L1/L2 (any n_in up to 65536).
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     return gather_rows4<D, false, FEW ? SPDNN_FEW_BATCH : SPDNN_ELL_BATCH>(
         idx4 + (i64)s * (D / 8), xq);
   });
-  finish_layer(a, took, false);
+  finish_layer(a, took);
 }
 
 // CSR4: any degree per output, optionally per-nonzero values, 16-bit indices,
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(SMEM ? SPDNN_SMEM_THREADS : SPDNN_GLOBAL_THREA
                           return csr_rows4<SMEM, VALS>(idx4 + sp.x / 8, vals4 + sp.x / 4, sp.y,
                                                       xq);
                         });
-  finish_layer(a, took, false);
+  finish_layer(a, took);
 }
 
 // General CSR layer; I is the index type (u16 or int), VALS: per-nonzero values.
@@ -411,5 +411,5 @@ __global__ void __launch_bounds__(SPDNN_GLOBAL_THREADS)
     __syncthreads();
     if (threadIdx.x == 0 && s_alive) atomicOr(mask + t, s_alive);
   }
-  finish_layer(a, false, false);  // never compacts on write: compact_rows runs before it
+  finish_layer(a, false);  // never compacts on write: compact_rows runs before it
 }
