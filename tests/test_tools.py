@@ -124,7 +124,7 @@ def _bench_json(path: Path, teps: dict[str, tuple[float, float]], *, device: str
 
     check = {"against": "off", "passed": passed}
     results = [{"neurons": int(c.split("x")[0]), "layers": int(c.split("x")[1]),
-                "backend_info": {"device": device},
+                "backend_info": {"device": device}, "peers": {},
                 "modes": {"off": {"teraedges_per_second": off, "check": {"passed": True}},
                           "auto": {"teraedges_per_second": auto, "check": check,
                                    "same_as_off": passed}}}
@@ -180,7 +180,8 @@ if [[ "$1 $2 $3" == "-m spdnn_mpi bench" ]]; then
   while [[ $# -gt 0 && $1 != --json ]]; do shift; done
   off=100; [[ $PWD == {tmp_path}/old ]] && off=80
   mode='{{"off": {{"teraedges_per_second": '$off'}}}}'
-  echo '{{"results": [{{"neurons": 1024, "layers": 120, "modes": '"$mode"'}}]}}' > "$2"
+  echo '{{"results": [{{"neurons": 1024, "layers": 120, "peers": {{}}, "modes": '"$mode"'}}]}}' \
+    > "$2"
   exit 0
 fi
 [[ "$1 $2" == "-m pip" ]] && exit 0
