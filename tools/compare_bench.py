@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from spdnn_mpi.bench.challenge import row_failed
+from spdnn_mpi.report import format_table
 
 MODES = ("off", "auto")
 
@@ -79,20 +80,15 @@ def _span(ratios: list[float]) -> str:
 
 def table(rows: list[dict]) -> str:
     """The rows as text: medians, their ratio, and the per-round ratios' range."""
-    lines = [f"{'N x L':>11}  {'mode':>4}  {'before':>8}  {'after':>8}  {'ratio':>6}  "
-             f"{'rounds':>13}  check"]
+    cells = []
     for row in rows:
-        for mode in MODES:
-            if mode not in row:
-                continue
-            m = row[mode]
-            span = _span(m["round_ratios"])
-            check = "pass" if row["passed"] else "FAILED"
-            if len(row["devices"]) > 1:
-                check += " (devices differ: " + ", ".join(row["devices"]) + ")"
-            lines.append(f"{row['config']:>11}  {mode:>4}  {m['before']:8.1f}  {m['after']:8.1f}  "
-                         f"{m['ratio']:6.3f}  {span:>13}  {check}")
-    return "\n".join(lines)
+        check = "pass" if row["passed"] else "FAILED"
+        if len(row["devices"]) > 1:
+            check += " (devices differ: " + ", ".join(row["devices"]) + ")"
+        cells += [[row["config"], mode, f"{row[mode]['before']:.1f}", f"{row[mode]['after']:.1f}",
+                   row[mode]["ratio"], _span(row[mode]["round_ratios"]), check]
+                  for mode in MODES if mode in row]
+    return format_table(["N x L", "mode", "before", "after", "ratio", "rounds", "check"], cells)
 
 
 def main(argv: list[str] | None = None) -> int:
