@@ -1,17 +1,17 @@
 // Converged layers in one launch. Once the compressed rows fit one tile
 // (at most 32 rows held), a uniform grouped layer is a few microseconds of
 // gathers, and its launch and the drain between two kernels cost more than
-// that. layers_held_sum runs a run of consecutive uniform grouped layers of
-// degree D in one launch: a cluster of blocks (sm_90; one block before) walks
-// the layers with a cluster barrier between two, and does each layer's
-// bookkeeping as block_plan does with one tile and no compaction: the live
-// count, the timestamp, the masks' parities and the buffer in use.
-//
+// that. A run of consecutive uniform grouped layers of degree D is one launch,
+// which also does each layer's bookkeeping as block_plan does with one tile
+// and no compaction: the live count, the timestamp, the masks' parities and
+// the buffer in use. Two forms (held.py picks one by width):
+// - layers_held_row: one block a row held, its features in shared memory for
+//   the whole run, so blocks never wait for each other;
+// - layers_held_grid: one block an SM of the whole card (a cooperative launch,
+//   so all are resident) walks the layers over the rows held (8, 16 or 32),
+//   with a barrier in global memory between two layers.
 // A layer's sums are those of layer_group_sum (the same adds in the same
-// order), over the rows held only (8, 16 or 32): rows / 4 lanes a group, 4 rows
-// a lane; the rows held are an argument, so a degree is one instantiation.
-// Features written in one layer are read by other blocks in the next, so they
-// are loaded through L2 (ld.global.cg), never through the read-only path.
+// order), so either form equals a launch a layer bit for bit.
 #include "spdnn_layer.cuh"
 
 // One layer's arguments, in a device array indexed by layer (the host builds
@@ -21,6 +21,7 @@ struct HeldLayer {
   const int* gout;  // n_groups x 16 output ids (-1: unused slot)
   const float* bias_v;  // null: bias_s for every output
   int n_groups;  // a multiple of 4
+  int n_in;
   int n_out;
   float scale;
   float bias_s;
@@ -28,61 +29,55 @@ struct HeldLayer {
   float clip;
 };
 
-#if __CUDA_ARCH__ >= 900
-#define HELD_CLUSTER_DIMS __cluster_dims__(SPDNN_HELD_CLUSTER, 1, 1)
-#else
-#define HELD_CLUSTER_DIMS
-#endif
-
-// The blocks' barrier, in two halves: no block passes held_wait before every
-// block reached held_arrive, and the writes before held_arrive are seen after
-// held_wait (release / acquire at cluster scope).
-__device__ __forceinline__ void held_arrive() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void held_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-  __syncthreads();
-#endif
-}
-
-__device__ __forceinline__ int held_rank() {
-#if __CUDA_ARCH__ >= 900
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return (int)r;
-#else
-  return 0;
-#endif
-}
-
-__device__ __forceinline__ int held_blocks() {
-#if __CUDA_ARCH__ >= 900
-  u32 n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return (int)n;
-#else
-  return 1;
-#endif
-}
+// The grid's barrier, every block resident (a cooperative launch), in two
+// halves: no block passes wait() before every block reached arrive(), and the
+// writes before arrive() are seen after wait() (release / acquire); both are
+// called by every thread of a block. A counter in global memory (the state's
+// ST_DONE, zero between kernels) that each block adds one to a barrier; the
+// n-th barrier is passed at n x blocks. The last block out sets it back to zero
+// (done()).
+struct GridBarrier {
+  u32* counter;
+  u32 passed;  // the count that passes the next barrier
+  __device__ __forceinline__ void arrive() {
+    __syncthreads();  // the block's writes before thread 0's release
+    passed += gridDim.x;
+    if (threadIdx.x == 0) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    }
+  }
+  __device__ __forceinline__ void wait() {
+    if (threadIdx.x == 0) {
+      u32 seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+      } while (seen < passed);
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void done() {
+    if (threadIdx.x == 0 && atomicAdd(counter, 1u) == passed + gridDim.x - 1) *counter = 0u;
+  }
+};
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// A layer's input ids into L2, 128 bytes a thread of the launch.
+// bytes from p on into L2, 128 bytes a thread of the launch.
+__device__ __forceinline__ void prefetch_bytes(const void* p, i64 bytes, int thread,
+                                               int n_threads) {
+  const char* at = reinterpret_cast<const char*>(p);
+  for (i64 off = (i64)thread * 128; off < bytes; off += (i64)n_threads * 128) {
+    prefetch_l2(at + off);
+  }
+}
+
+// A layer's group ids, input and output, into L2.
 template <int D>
 __device__ __forceinline__ void prefetch_ids(const HeldLayer& L, int thread, int n_threads) {
-  const char* ids = reinterpret_cast<const char*>(L.gidx);
-  const i64 bytes = (i64)L.n_groups * D * 2;
-  for (i64 at = (i64)thread * 128; at < bytes; at += (i64)n_threads * 128) {
-    prefetch_l2(ids + at);
-  }
+  prefetch_bytes(L.gidx, (i64)L.n_groups * D * 2, thread, n_threads);
+  prefetch_bytes(L.gout, (i64)L.n_groups * 64, thread, n_threads);
 }
 
 // A group's input ids (D / 8 uint4) and output ids (4 int4) in registers.
@@ -102,6 +97,20 @@ __device__ __forceinline__ void load_group_ids(const HeldLayer& L, int g, GroupI
   for (int q = 0; q < 4; ++q) ids.out[q] = __ldg(op + q);
 }
 
+// f(id, bias) for each used output slot of a group (16 slots, -1: unused).
+template <int D, class F>
+__device__ __forceinline__ void each_output(const HeldLayer& L, const GroupIds<D>& ids, F f) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int out[4] = {ids.out[q].x, ids.out[q].y, ids.out[q].z, ids.out[q].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int id = out[e];
+      if (id >= 0) f(id, L.bias_v ? __ldg(L.bias_v + id) : L.bias_s);
+    }
+  }
+}
+
 // One group on this lane's 4 rows (xq: the rows' neuron 0 of the input tile): the
 // sum of layer_group_sum, then each used slot's epilogue stored at dst; returns
 // the rows' alive bits as bits of the tile.
@@ -114,32 +123,25 @@ __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>&
     return __ldcg(reinterpret_cast<const float4*>(p));
   });
   u32 alive = 0u;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int out[4] = {ids.out[q].x, ids.out[q].y, ids.out[q].z, ids.out[q].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int id = out[e];
-      if (id < 0) continue;
-      const float b = L.bias_v ? __ldg(L.bias_v + id) : L.bias_s;
-      const float4 y = activate4(acc, L.scale, b, L.floor, L.clip);
-      *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
-      alive |= alive4(y) << r4;
-    }
-  }
+  each_output<D>(L, ids, [&](int id, float b) {
+    const float4 y = activate4(acc, L.scale, b, L.floor, L.clip);
+    *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
+    alive |= alive4(y) << r4;
+  });
   return alive;
 }
 
 // Layers k0 .. k0 + n_layers - 1 on the held_rows (8, 16 or 32) rows held in
-// tile 0 (ST_ROWS <= held_rows).
-// The grid is one cluster; a block of SPDNN_HELD_THREADS threads. What does not
-// depend on a layer's inputs (its arguments, a warp's first group ids, the next
-// layer's ids into L2) is loaded while the blocks wait for each other, and the
-// lead thread's bookkeeping of layer k lands in layer k + 1, off the barrier's path.
+// tile 0 (ST_ROWS <= held_rows), one block an SM of SPDNN_HELD_THREADS threads at
+// most, launched cooperatively. What does not depend on a layer's inputs (its
+// arguments, a warp's first group ids, the next layer's ids into L2) is loaded
+// while the blocks wait for each other, and the lead thread's bookkeeping of
+// layer k lands in layer k + 1, off the barrier's path.
 template <int D>
-__global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
-    layers_held_sum(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
-                    int n_layers, int held_rows, int* state, int* live_hist, u64* stamps) {
+__global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
+    layers_held_grid(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
+                     int n_layers, int held_rows, int* state, int* live_hist, u64* stamps) {
+  GridBarrier bar{reinterpret_cast<u32*>(state + ST_DONE), 0u};
   static_assert(D % 8 == 0, "degree must be a multiple of 8");
   const int lpg_log2 = held_rows == 8 ? 1 : held_rows == 16 ? 2 : 3;  // lanes a group: 2, 4, 8
   const int gpw = 32 >> lpg_log2;  // groups a warp step
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
   float* const buf1 = reinterpret_cast<float*>(ptrs[P_BUF1]);
   u32* const masks = reinterpret_cast<u32*>(ptrs[P_MASKS]);
   const i64 max_tiles = ptrs[P_MAX_TILES];
-  const int rank = held_rank(), n_blocks = held_blocks();
+  const int rank = blockIdx.x, n_blocks = gridDim.x;
   const bool lead = rank == 0 && threadIdx.x == 0;  // does the layers' bookkeeping
   const u32 valid = valid_bits(0, ld_state(state, ST_ROWS));
   int sel = ld_state(state, ST_SEL);
@@ -196,13 +198,13 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
       if (bits) atomicOr(masks + (k & 1) * max_tiles, bits);
       s_alive[(j + 1) & 1] = 0u;
     }
-    held_arrive();
+    bar.arrive();
     if (j + 1 < n_layers) {  // while waiting: the next layer's arguments and first ids
       L = table[k + 1];
       if (warp * gpw + gl < L.n_groups) load_group_ids<D>(L, warp * gpw + gl, first);
     }
     if (j + 2 < n_layers) prefetch_ids<D>(table[k + 2], thread, n_threads);  // into L2
-    held_wait();  // layer k is written everywhere: its outputs, its alive bits
+    bar.wait();  // layer k is written everywhere: its outputs, its alive bits
     if (lead) stamps[k + 1] = global_ns();
     sel ^= 1;
   }
@@ -214,6 +216,137 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1) HELD_CLUSTER_DIMS
     state[ST_NEW_ROWS] = live;
     state[ST_DO_COMPACT] = 0;
     state[ST_DID_COMPACT] = 0;
+    __threadfence();
+  }
+  bar.done();
+}
+
+// One row held's sum of a group (the adds of layer_group_sum, in its order) and
+// each used slot's epilogue, features x and y in shared memory; whether an
+// output is nonzero.
+template <int D>
+__device__ __forceinline__ bool row_group(const HeldLayer& L, const GroupIds<D>& ids,
+                                          const float* x, float* y) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int q = 0; q < D / 8; ++q) {
+    const u32 w[4] = {ids.in[q].x, ids.in[q].y, ids.in[q].z, ids.in[q].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc += x[w[e] & 0xffffu];
+      acc += x[w[e] >> 16];
+    }
+  }
+  bool alive = false;
+  each_output<D>(L, ids, [&](int id, float b) {
+    const float v = activate(acc, L.scale, b, L.floor, L.clip);
+    y[id] = v;
+    alive |= v != 0.0f;
+  });
+  return alive;
+}
+
+// Layers k0 .. k0 + n_layers - 1, one block a row held (block r: row r of tile 0;
+// blocks at or past ST_ROWS only count themselves out). Rows never meet, so a
+// row's features stay in the block's shared memory (two buffers of width floats)
+// for the whole run and a layer waits only for its own block: no barrier between
+// blocks. Each block streams every layer's group ids (L2 serves all but the
+// first): a thread's first group of layer k + 1 is loaded while layer k computes,
+// the layers' arguments two layers ahead, their ids into L2 two layers ahead. A
+// row's alive bit a layer goes to live_bits (n_layers bits a row); the last block
+// out counts them into live_hist and leaves the state block_plan would.
+template <int D>
+__global__ void __launch_bounds__(SPDNN_HELD_ROW_THREADS, 1)
+    layers_held_row(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
+                    int n_layers, int width, int* state, int* live_hist, u64* stamps,
+                    u32* live_bits) {
+  static_assert(D % 8 == 0, "degree must be a multiple of 8");
+  extern __shared__ float s_rows[];
+  const int r = blockIdx.x;
+  const int rows = ld_state(state, ST_ROWS);
+  const int sel = ld_state(state, ST_SEL);
+  const int words = (n_layers + 31) / 32;  // of live_bits a row
+  const int last = k0 + n_layers - 1;
+  float* const buf0 = reinterpret_cast<float*>(ptrs[P_BUF0]);
+  float* const buf1 = reinterpret_cast<float*>(ptrs[P_BUF1]);
+  if (r < rows) {
+    float* x = s_rows;
+    float* y = s_rows + width;
+    // layers k, k + 1 and k + 2
+    HeldLayer L = table[k0];
+    HeldLayer next = n_layers > 1 ? table[k0 + 1] : L;
+    HeldLayer after = n_layers > 2 ? table[k0 + 2] : next;
+    const float* src = sel ? buf1 : buf0;
+    for (int i = threadIdx.x; i < L.n_in; i += blockDim.x) x[i] = __ldcg(src + (i64)i * 32 + r);
+    const int g0 = threadIdx.x;
+    const int thread = r * blockDim.x + threadIdx.x, n_threads = gridDim.x * blockDim.x;
+    GroupIds<D> ids;  // this thread's first group of layer k
+    if (g0 < L.n_groups) load_group_ids<D>(L, g0, ids);
+    if (n_layers > 1) prefetch_ids<D>(next, thread, n_threads);
+    __syncthreads();
+    u32 bits = 0u;  // thread 0: this row's alive bits of up to 32 layers
+    for (int j = 0; j < n_layers; ++j) {
+      const int k = k0 + j;
+      GroupIds<D> ids_next;  // layer k + 1's, in flight while layer k computes
+      if (j + 1 < n_layers && g0 < next.n_groups) load_group_ids<D>(next, g0, ids_next);
+      if (j + 2 < n_layers) prefetch_ids<D>(after, thread, n_threads);
+      const HeldLayer later = j + 3 < n_layers ? table[k + 3] : after;
+      bool alive = false;
+      for (int g = g0; g < L.n_groups; g += blockDim.x) {
+        if (g == g0) {
+          alive |= row_group<D>(L, ids, x, y);
+        } else {
+          GroupIds<D> more;
+          load_group_ids<D>(L, g, more);
+          alive |= row_group<D>(L, more, x, y);
+        }
+      }
+      alive = __syncthreads_or(alive);
+      if (threadIdx.x == 0) {
+        bits |= (u32)alive << (j & 31);
+        if ((j & 31) == 31 || k == last) {
+          live_bits[r * words + j / 32] = bits;
+          bits = 0u;
+        }
+        if (r == 0) stamps[k + 1] = global_ns();
+      }
+      if (k < last) {
+        L = next;
+        next = after;
+        after = later;
+        ids = ids_next;
+      }
+      float* const t = x;
+      x = y;
+      y = t;
+    }
+    float* dst = ((sel ^ n_layers) & 1) ? buf1 : buf0;  // the buffer the state will name
+    for (int i = threadIdx.x; i < L.n_out; i += blockDim.x) dst[(i64)i * 32 + r] = x[i];
+  }
+  if (!last_block_done(state)) return;
+  for (int j = threadIdx.x; j < n_layers; j += blockDim.x) {
+    int live = 0;
+    for (int q = 0; q < rows; ++q) {
+      live += (__ldcg(live_bits + q * words + j / 32) >> (j & 31)) & 1u;
+    }
+    live_hist[k0 + j] = live;
+  }
+  if (threadIdx.x == 0) {
+    u32 alive = 0u;  // the rows alive after the last layer, as bits of the tile
+    for (int q = 0; q < rows; ++q) {
+      alive |= ((__ldcg(live_bits + q * words + (n_layers - 1) / 32) >> ((n_layers - 1) & 31)) & 1u)
+               << q;
+    }
+    u32* const masks = reinterpret_cast<u32*>(ptrs[P_MASKS]);
+    const i64 max_tiles = ptrs[P_MAX_TILES];
+    masks[((last + 1) & 1) * max_tiles] = 0u;  // as the layer after it expects
+    masks[(last & 1) * max_tiles] = alive;
+    stamps[last + 1] = global_ns();
+    state[ST_SEL] = (sel ^ n_layers) & 1;
+    state[ST_NEW_ROWS] = __popc(alive);
+    state[ST_DO_COMPACT] = 0;
+    state[ST_DID_COMPACT] = 0;
+    state[ST_DONE] = 0;
     __threadfence();
   }
 }

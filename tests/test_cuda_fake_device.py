@@ -68,11 +68,20 @@ for _name in ("__add__", "__sub__", "__mul__", "__floordiv__", "__mod__", "__lsh
     setattr(DevArray, _name, _array_operand_only(_name))
 
 
+class LaunchLog(list):
+    """Names of what was launched, in order; ``cooperative``: (kernel, grid) of each
+    cooperative launch."""
+
+    def __init__(self):
+        super().__init__()
+        self.cooperative: list[tuple] = []
+
+
 class Recorder:
     """What was launched, in order."""
 
     def __init__(self):
-        self.log: list[str] = []
+        self.log = LaunchLog()
 
 
 def fake_cupy(rec: Recorder) -> types.ModuleType:
@@ -85,6 +94,15 @@ def fake_cupy(rec: Recorder) -> types.ModuleType:
 
         def __call__(self, grid, block, args, shared_mem=0):
             rec.log.append(self.name)
+
+        @property
+        def kernel(self):  # as CuPy's RawKernel: its compiled function
+            def launch(grid, block, args, shared_mem=0, stream=None,
+                       enable_cooperative_groups=False):
+                rec.log.append(self.name)
+                if enable_cooperative_groups:
+                    rec.log.cooperative.append((self.name, grid))
+            return launch
 
     class Module:
         def __init__(self, code, options, name_expressions):
@@ -247,9 +265,22 @@ def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_l
     assert backend.live_count() == 0
 
 
+def _held_after_a_merge(backend, log, rows, n_layers):
+    """Layer 0 on ``rows``, a merge (the fake's kernels keep no row: 8 held from
+    there), then layers 1 .. ``n_layers`` - 1 in one flush, only theirs in ``log``."""
+    backend.load_features(rows, drop_empty=True)
+    backend.run_layer(0, drop_dead=True)
+    backend.merge_duplicate_rows()
+    log.clear()
+    for k in range(1, n_layers):
+        backend.run_layer(k, drop_dead=True)
+    backend.flush()
+
+
 def test_converged_shared_sum_layers_run_as_one_launch_a_run(backend_and_log):
     """Once rows are held, consecutive uniform grouped layers of one degree are one
-    layers_held_sum launch (a run of one, or whole tiles, the layer's own kernel)."""
+    layers_held_row launch, a block a row held (a run of one, or whole tiles, the
+    layer's own kernel)."""
     backend, log = backend_and_log
     rng = np.random.default_rng(2)
     same = [block_layer(rng, 256, 256, 16, values=False, min_group=16) for _ in range(4)]
@@ -257,19 +288,14 @@ def test_converged_shared_sum_layers_run_as_one_launch_a_run(backend_and_log):
     net = Network([same[0], same[1], same[2], general, same[3]])
     rows = SparseRows.from_dense((rng.random((50, 256)) < 0.2).astype(np.float32))
     backend.load_network(net.layers)
-    backend.load_features(rows, drop_empty=True)
-    backend.run_layer(0, drop_dead=True)
-    backend.merge_duplicate_rows()  # the fake's kernels keep no row: 8 held from here
-    log.clear()
-    for k in range(1, 5):
-        backend.run_layer(k, drop_dead=True)
-    backend.flush()
-    held8 = ["layers_held_sum<16>", "layer_csr4<true,true>", "layer_group_sum<16>"]
+    _held_after_a_merge(backend, log, rows, 5)
+    held8 = ["layers_held_row<16>", "layer_csr4<true,true>", "layer_group_sum<16>"]
     assert log[:5] == ["capture(", *held8, ")"]
     whole = log[log.index("capture(", 1):].copy()  # the whole-tile form, captured next
-    assert whole[1] == "layer_group_sum<16>" and "layers_held_sum" not in whole[2]
+    assert whole[1] == "layer_group_sum<16>" and "layers_held_row" not in whole[2]
     assert log[-1] == "graph"
-    assert log.count("layers_held_sum<16>") == 3  # 8, 16 and 32 rows held
+    assert log.count("layers_held_row<16>") == 3  # 8, 16 and 32 rows held
+    assert log.cooperative == []
 
 
 def test_a_compile_is_seen_in_cupys_cache_folder(monkeypatch, tmp_path):
@@ -311,30 +337,39 @@ def test_runs_are_consecutive_shared_sum_layers_of_one_degree(backend_and_log):
     assert [runs.run_length(todo, i) for i in range(len(todo))] == [3, 2, 1, 2, 1, 1, 1]
     gap = [(0, True), (1, True), (3, True), (4, True)]  # layer 2 ran in an earlier piece
     assert [runs.run_length(gap, i) for i in range(len(gap))] == [2, 1, 2, 1]
-    # 16 groups of 256 outputs: 1-4 warp steps, so a warp a block (8 blocks) at most
+    # 16 groups of 256 outputs, a block a row held: a thread a group, one warp
     assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [32, 32, 32]
 
 
-def test_layers_wider_than_the_cluster_carries_keep_one_launch_a_layer(backend_and_log,
-                                                                      monkeypatch):
-    """Layers wider than held.MAX_WIDTH are in no run, and a network of only such
-    layers compiles no one-launch form."""
+def test_layers_wider_than_a_row_block_carries_run_over_the_card(backend_and_log,
+                                                                 monkeypatch):
+    """Layers wider than held.ROW_MAX_WIDTH run in layers_held_grid, one block an SM
+    launched cooperatively; a run never mixes the two forms, and a network of only
+    wide layers compiles no row form."""
+    backend, log = backend_and_log
     rng = np.random.default_rng(5)
     wide = block_layer(rng, 256, 256, 16, values=False, min_group=16)
     narrow = block_layer(rng, 128, 128, 16, values=False, min_group=16)
-    monkeypatch.setattr(held, "MAX_WIDTH", 200)
-    runs, _ = _network_on_fake_device(backend_and_log[0], [narrow, narrow, wide, wide, narrow])
+    monkeypatch.setattr(held, "ROW_MAX_WIDTH", 200)
+    runs, _ = _network_on_fake_device(backend, [narrow, narrow, wide, wide, narrow])
     todo = [(k, True) for k in range(5)]
-    assert [runs.run_length(todo, i) for i in range(5)] == [2, 1, 1, 1, 1]
-    backend_and_log[0].load_network([wide, wide])
-    with pytest.raises(KeyError, match="layers_held_sum<16> was not among"):
-        backend_and_log[0]._network.module.get_function("layers_held_sum<16>")
+    assert [runs.run_length(todo, i) for i in range(5)] == [2, 1, 2, 1, 1]
+    # 16 groups over 132 blocks: a warp a block; a block a row: a thread a group
+    assert [runs.threads(2, 2, held_rows) for held_rows in (8, 16, 32)] == [32, 32, 32]
+    assert [runs.threads(0, 2, held_rows) for held_rows in (8, 16, 32)] == [32, 32, 32]
+    backend.load_network([wide] * 4)
+    with pytest.raises(KeyError, match="layers_held_row<16> was not among"):
+        backend._network.module.get_function("layers_held_row<16>")
+    rows = SparseRows.from_dense((rng.random((50, 256)) < 0.2).astype(np.float32))
+    _held_after_a_merge(backend, log, rows, 4)
+    assert log[:3] == ["capture(", "layers_held_grid<16>", ")"]
+    assert log.cooperative[0] == ("layers_held_grid<16>", (PROPS["multiProcessorCount"],))
 
 
-def test_without_clusters_converged_layers_keep_one_launch_a_layer(backend_and_log,
-                                                                   monkeypatch):
-    """Before compute capability 9.0 (no thread-block clusters): no one-launch form is
-    compiled, and held rows run each layer's own kernel."""
+def test_before_cc_9_converged_layers_keep_one_launch_a_layer(backend_and_log,
+                                                              monkeypatch):
+    """Before compute capability 9.0 (where the one-launch forms were never measured):
+    no one-launch form is compiled, and held rows run each layer's own kernel."""
     monkeypatch.setitem(PROPS, "major", 8)
     backend, log = backend_and_log
     rng = np.random.default_rng(6)
@@ -342,24 +377,25 @@ def test_without_clusters_converged_layers_keep_one_launch_a_layer(backend_and_l
     rows = SparseRows.from_dense((rng.random((50, 256)) < 0.2).astype(np.float32))
     backend.load_network(same)
     assert backend._network.held is None
-    with pytest.raises(KeyError, match="layers_held_sum<16> was not among"):
-        backend._network.module.get_function("layers_held_sum<16>")
-    backend.load_features(rows, drop_empty=True)
-    backend.run_layer(0, drop_dead=True)
-    backend.merge_duplicate_rows()
-    log.clear()
-    for k in (1, 2):
-        backend.run_layer(k, drop_dead=True)
-    backend.flush()
+    with pytest.raises(KeyError, match="layers_held_row<16> was not among"):
+        backend._network.module.get_function("layers_held_row<16>")
+    _held_after_a_merge(backend, log, rows, 3)
     assert log[:4] == ["capture(", "layer_group_sum<16>", "layer_group_sum<16>", ")"]
 
 
-def test_one_launch_blocks_have_the_warps_the_widest_layers_groups_fill(backend_and_log):
+def test_one_launch_blocks_have_the_warps_the_widest_layers_groups_fill(backend_and_log,
+                                                                        monkeypatch):
     rng = np.random.default_rng(5)
     wide = block_layer(rng, 4096, 4096, 32, values=False, min_group=16)  # 256 groups
     narrow = block_layer(rng, 4096, 1024, 32, values=False, min_group=16)  # 64 groups
     runs, _entries = _network_on_fake_device(backend_and_log[0], [wide, wide, narrow])
-    # 256 groups: 16, 32 or 64 warp steps (8 blocks) for 8, 16 or 32 rows held
+    # a block a row held: a thread a group of the widest layer, whatever the rows held
+    assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [256, 256, 256]
+    assert [runs.threads(2, 1, held) for held in (8, 16, 32)] == [64, 64, 64]
+    monkeypatch.setattr(held, "ROW_MAX_WIDTH", 0)
+    monkeypatch.setitem(PROPS, "multiProcessorCount", 8)
+    runs, _entries = _network_on_fake_device(backend_and_log[0], [wide, wide, narrow])
+    # over the card (8 SMs): 256 groups are 16, 32 or 64 warp steps for 8, 16 or 32 rows
     assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [64, 128, 256]
     assert [runs.threads(2, 1, held) for held in (8, 16, 32)] == [32, 32, 64]
 

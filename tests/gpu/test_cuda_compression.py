@@ -156,9 +156,10 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
 def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degree, distinct,
                                                                      bias):
     """RadiX-Net-like layers (groups of 16 outputs sharing their inputs, one weight):
-    once the merged rows fit one tile, runs of them are one layers_held_sum launch.
-    Equal bit for bit to the layer-by-layer kernels and to direct mode, with the same
-    live counts a layer; the reference agrees."""
+    once the merged rows fit one tile, runs of them are one launch in each form the
+    width may pick (held.held_form): one block a row held, one block an SM.
+    Each equal bit for bit to the layer-by-layer kernels and to direct mode, with the
+    same live counts a layer; the reference agrees."""
     from conftest import block_layer
 
     from spdnn_mpi.backends.cuda import held
@@ -179,19 +180,29 @@ def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degr
     rows = duplicated_rows(rng, distinct, 60, width, binary=False)
     off, auto = _both(net, rows)
     _assert_exact(net, rows, off, auto)
-    results = []
-    for one_launch in (True, False):
+    results = {}
+    row_max_width = {"row": 1 << 30, "grid": 0}
+    for form in (*row_max_width, "layer by layer"):
         backend = cuda_backend()
         backend.check_costs = CheckCosts()
-        backend.load_network(net.layers)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(held, "ROW_MAX_WIDTH", row_max_width.get(form, 0))
+            backend.load_network(net.layers)
         assert (backend._queue._held is not None) == held.supported(backend._props)
-        if not one_launch:
+        if form == "layer by layer":
             backend._queue._held = None
-        results.append(run_inference(net, rows, backend, want_features=True, compress="auto"))
+        elif backend._queue._held is not None:  # the form asked for, and only it
+            assert {name.split("<")[0] for name in backend._queue._held._kernels} == {
+                held.KERNELS[form]}
+        results[form] = run_inference(net, rows, backend, want_features=True,
+                                      compress="auto")
         assert backend._queue.held > 0  # the last layers ran on the rows held
-    fused, plain = results
-    np.testing.assert_array_equal(fused.alive_ids, plain.alive_ids)
-    np.testing.assert_array_equal(fused.features.view(np.uint32), plain.features.view(np.uint32))
-    np.testing.assert_array_equal(fused.live_per_layer, plain.live_per_layer)
-    assert fused.compression == plain.compression
-    np.testing.assert_array_equal(fused.features.view(np.uint32), auto.features.view(np.uint32))
+    plain = results.pop("layer by layer")
+    for fused in results.values():
+        np.testing.assert_array_equal(fused.alive_ids, plain.alive_ids)
+        np.testing.assert_array_equal(fused.features.view(np.uint32),
+                                      plain.features.view(np.uint32))
+        np.testing.assert_array_equal(fused.live_per_layer, plain.live_per_layer)
+        assert fused.compression == plain.compression
+        np.testing.assert_array_equal(fused.features.view(np.uint32),
+                                      auto.features.view(np.uint32))

@@ -56,12 +56,14 @@ class KernelConfig:
     gsum_batch: int = 32
     gsum_min_blocks: int = 2
 
-    #: converged layers in one launch (layers_held_sum): threads a block, blocks in
-    #: its cluster (8: the portable most), input loads in flight a lane; measured in
-    #: docs/design.md
+    #: converged layers in one launch over the card (layers_held_grid): threads a
+    #: block at most, input loads in flight a lane (both measured on the one-cluster
+    #: form it replaced: docs/design.md)
     held_threads: int = 256
-    held_cluster: int = 8
     held_batch: int = 32
+    #: threads a block of layers_held_row (one block a row held) at most: room for
+    #: two layers' group ids a thread
+    held_row_threads: int = 256
 
     #: a plan compacts when that frees at least 1/compact_div of the tiles; 20: 76.0
     #: against 82.0 TE/s (H100)

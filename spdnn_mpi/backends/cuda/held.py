@@ -1,7 +1,11 @@
 """Converged layers in one launch (``cuda/spdnn_held.cu``): once the compressed rows
 fit one tile, a run of consecutive uniform grouped layers of one degree is one
-``layers_held_sum`` launch over one cluster of blocks, where each layer alone cost
-its launch and the drain between kernels (7.2-8.0 us a converged layer, H200).
+launch, where each layer alone cost its launch and the drain between kernels
+(7.2-8.0 us a converged layer, H200). Layers up to ``ROW_MAX_WIDTH`` wide run one
+block a row held (``layers_held_row``: a row's features stay in its block's shared
+memory, so blocks never wait for each other); wider ones over the card
+(``layers_held_grid``: one block an SM, a cooperative launch, a barrier between two
+layers).
 
 Host logic: which layers qualify, the per-layer argument table, the runs of a piece.
 """
@@ -19,50 +23,55 @@ from spdnn_mpi.backends.cuda.launch import LayerLaunch
 
 #: ``HeldLayer`` of cuda/spdnn_held.cu, field for field (offsets and size included).
 HELD_LAYER_DTYPE = np.dtype({
-    "names": ["gidx", "gout", "bias_v", "n_groups", "n_out", "scale", "bias_s", "floor",
-              "clip"],
-    "formats": [np.uint64, np.uint64, np.uint64, np.int32, np.int32, np.float32,
+    "names": ["gidx", "gout", "bias_v", "n_groups", "n_in", "n_out", "scale", "bias_s",
+              "floor", "clip"],
+    "formats": [np.uint64, np.uint64, np.uint64, np.int32, np.int32, np.int32, np.float32,
                 np.float32, np.float32, np.float32],
-    "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44],
-    "itemsize": 48,
+    "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44, 48],
+    "itemsize": 56,
 })
 
 #: The shared-sum grouped kernel's name, up to its degree.
 _SUM_KERNEL = "layer_group_sum<"
-#: Widest layer (inputs or outputs) run in one launch. One cluster's 8 SMs carry every
-#: layer of a run: up to N = 16384 that beats a launch a layer over the whole card
-#: (5.6 against 8.5 us a converged layer, H100), at N = 65536 it does not (41.3
-#: against 9.7 us; compressed 65536 x 1920 1212.5 against 1737.5 TE/s, H100).
-MAX_WIDTH = 16384
+#: Widest layer (inputs or outputs) run one block a row held; wider ones run over the
+#: card. A converged layer (H100, compressed): one block a row 1.34 / 2.18 us at
+#: N = 1024 / 4096, over the card 3.02 / 3.07 us; at 16384 one block a row (two
+#: rows of 64 KB in its shared memory) 7.26 us against 3.23 over the card.
+ROW_MAX_WIDTH = 4096
+#: Kernel of each form: one block a row held, one block an SM.
+KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid"}
 
 
 def supported(props: dict) -> bool:
-    """Whether the device launches the kernel's clusters (compute capability 9.0 on)."""
+    """Whether converged layers run in one launch on the device: compute capability
+    9.0 on, the cards the forms were measured on (older ones keep a launch a layer)."""
     return int(props.get("major", 0)) >= 9
 
 
-def kernel_name(degree: int) -> str:
-    """The instantiation for layers of ``degree`` inputs an output (any rows held:
-    one a degree, since NVRTC's time grows with each)."""
-    return f"layers_held_sum<{degree}>"
+def kernel_name(degree: int, form: str) -> str:
+    """The instantiation of ``form`` for layers of ``degree`` inputs an output (any
+    rows held: one a degree, since NVRTC's time grows with each)."""
+    return f"{KERNELS[form]}<{degree}>"
 
 
-def runs_held(plan: lay.LayerPlan, n_in: int, n_out: int) -> bool:
-    """Whether a layer of this plan and shape runs in the one-launch kernel once rows
-    are held: a shared-sum grouped layer at most ``MAX_WIDTH`` wide."""
-    return plan.kernel.startswith(_SUM_KERNEL) and max(n_in, n_out) <= MAX_WIDTH
+def held_form(plan: lay.LayerPlan, n_in: int, n_out: int) -> tuple[int, str] | None:
+    """(degree, form) of a layer of this plan and shape in the one-launch kernels once
+    rows are held: shared-sum grouped layers; None for the others."""
+    if not plan.kernel.startswith(_SUM_KERNEL):
+        return None
+    return plan.degree, "row" if max(n_in, n_out) <= ROW_MAX_WIDTH else "grid"
 
 
 def kernel_names(plans: Sequence[lay.LayerPlan], layers: Sequence) -> set[str]:
     """Every instantiation the layers (``plans``, one a layer) may run in."""
-    return {kernel_name(p.degree) for p, layer in zip(plans, layers)
-            if runs_held(p, layer.n_in, layer.n_out)}
+    forms = (held_form(p, layer.n_in, layer.n_out) for p, layer in zip(plans, layers))
+    return {kernel_name(*form) for form in forms if form}
 
 
-def _degree(entry: LayerLaunch) -> int:
-    """The layer's degree if it runs in the one-launch kernel, else 0."""
+def _form(entry: LayerLaunch) -> tuple[int, str] | None:
+    """The layer's ``held_form``."""
     n_in, n_out = entry.head[:2]
-    return entry.plan.degree if runs_held(entry.plan, n_in, n_out) else 0
+    return held_form(entry.plan, n_in, n_out)
 
 
 def _pointer(array: Any) -> int:
@@ -73,48 +82,67 @@ class HeldLayers:
     """The network's argument table and kernels; the runs of a piece to launch as one."""
 
     def __init__(self, cp: Any, module: Any, entries: Sequence[LayerLaunch],
-                 config: KernelConfig) -> None:
-        self._degrees = [_degree(e) for e in entries]
+                 config: KernelConfig, n_sms: int) -> None:
+        self._forms = [_form(e) for e in entries]
         self._groups = [0] * len(entries)  # groups of each shared-sum layer
+        self._widths = [0] * len(entries)
         table = np.zeros(len(entries), dtype=HELD_LAYER_DTYPE)
-        for k, (entry, degree) in enumerate(zip(entries, self._degrees)):
-            if not degree:
+        for k, (entry, form) in enumerate(zip(entries, self._forms)):
+            if not form:
                 continue
             n_groups, gidx, gout = entry.extra_held[:3]
             self._groups[k] = int(n_groups)
-            _n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
-            table[k] = (_pointer(gidx), _pointer(gout), _pointer(bias_v), n_groups, n_out,
-                        scale, bias_s, floor, clip)
+            n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
+            self._widths[k] = max(int(n_in), int(n_out))
+            table[k] = (_pointer(gidx), _pointer(gout), _pointer(bias_v), n_groups, n_in,
+                        n_out, scale, bias_s, floor, clip)
         self.table = cp.asarray(table.view(np.uint8))
-        self._threads = config.held_threads
-        self._blocks = config.held_cluster  # one cluster: its blocks run together
+        # the row form's alive bits: a row's run of n layers takes ceil(n / 32) words
+        self._live_bits = cp.zeros(32 * -(-len(entries) // 32), dtype=np.uint32)
+        self._threads = {"row": config.held_row_threads, "grid": config.held_threads}
+        self._n_sms = n_sms  # the grid form's blocks: one an SM, all resident
         self._kernels = {name: module.get_function(name)
-                         for name in sorted({kernel_name(d) for d in set(self._degrees) if d})}
+                         for name in sorted({kernel_name(*f) for f in self._forms if f})}
 
     def run_length(self, todo: Sequence[tuple[int, bool]], i: int) -> int:
         """How many entries of ``todo`` from ``i`` on are consecutive layers of one
-        degree on the shared-sum kernel (1 where ``todo[i]`` is not one)."""
+        degree and one form on the shared-sum kernel (1 where ``todo[i]`` is not one)."""
         k0 = todo[i][0]
-        degree = self._degrees[k0]
-        if not degree:
+        form = self._forms[k0]
+        if not form:
             return 1
         n = 1
         while (i + n < len(todo) and todo[i + n][0] == k0 + n
-               and self._degrees[k0 + n] == degree):
+               and self._forms[k0 + n] == form):
             n += 1
         return n
 
     def threads(self, k0: int, n_layers: int, held: int) -> int:
-        """Threads a block for layers ``k0`` on: the warps the widest layer's groups
-        fill (a warp step takes 128 / ``held`` groups), at most ``held_threads``: warps
-        with no group would only add to every barrier."""
-        steps = -(-max(self._groups[k0:k0 + n_layers]) // (128 // held))
-        return min(self._threads, 32 * -(-steps // self._blocks))
+        """Threads a block for layers ``k0`` on, at most the form's: one a group of the
+        widest layer (one block a row), or the warps its groups fill over the card (a
+        warp step takes 128 / ``held`` groups): warps with no group would only add to
+        every barrier."""
+        form = self._forms[k0][1]
+        groups = max(self._groups[k0:k0 + n_layers])
+        if form == "row":
+            return min(self._threads[form], 32 * -(-groups // 32))
+        steps = -(-groups // (128 // held))
+        return min(self._threads[form], 32 * -(-steps // self._n_sms))
 
     def launch(self, ptrs: Any, state: Any, live_hist: Any, stamps: Any, k0: int,
                n_layers: int, held: int) -> None:
         """Enqueue layers ``k0`` .. ``k0 + n_layers - 1`` on ``held`` rows, one launch."""
-        kern = self._kernels[kernel_name(self._degrees[k0])]
-        kern((self._blocks,), (self.threads(k0, n_layers, held),),
-             (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(held), state,
-              live_hist, stamps))
+        form = self._forms[k0][1]
+        kern = self._kernels[kernel_name(*self._forms[k0])]
+        threads = (self.threads(k0, n_layers, held),)
+        if form == "row":  # a block a row held; two rows of features in shared memory
+            width = max(self._widths[k0:k0 + n_layers])
+            kern((held,), threads, (ptrs, self.table, np.int32(k0), np.int32(n_layers),
+                                    np.int32(width), state, live_hist, stamps,
+                                    self._live_bits), shared_mem=8 * width)
+            return
+        # a RawKernel launches as its module was built; its compiled function takes
+        # the cooperative flag (all blocks resident, or the launch fails)
+        kern.kernel((self._n_sms,), threads,
+                    (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(held),
+                     state, live_hist, stamps), enable_cooperative_groups=True)

@@ -36,7 +36,7 @@ class DeviceNetwork:
     module: Any
     layers: list[LayerLaunch]
     width: int  # the widest layer's inputs or outputs
-    held: held_layers.HeldLayers | None  # converged layers in one launch (None: no clusters)
+    held: held_layers.HeldLayers | None  # converged layers in one launch (None: not here)
     info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
 
 
@@ -57,7 +57,7 @@ def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[
 
 def _kernel_names(props: dict, plans: Sequence[lay.LayerPlan],
                   layers: Sequence[Layer]) -> list[str]:
-    """``kernel_names`` of ``plans``, the one-launch forms where the device has clusters."""
+    """``kernel_names`` of ``plans``, the one-launch forms where the device runs them."""
     return kernel_names(plans, layers if held_layers.supported(props) else None)
 
 
@@ -128,7 +128,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
             width = max(width, layer.n_in, layer.n_out)
             if progress is not None:
                 progress(len(entries))
-        held = (held_layers.HeldLayers(cp, module, entries, config)
+        held = (held_layers.HeldLayers(cp, module, entries, config, sms)
                 if held_layers.supported(props) else None)
         stream.synchronize()
     info = {
