@@ -55,13 +55,13 @@ def compare(before: list[dict], after: list[dict]) -> list[dict]:
         row = {"config": config,
                "passed": all(x["passed"] for x in b + a),
                "devices": sorted({x["device"] for x in b + a if x["device"]})}
+        pairs = [(after[i][config]["teps"], before[i][config]["teps"])
+                 for i in range(rounds) if config in after[i] and config in before[i]]
         for mode in MODES:
             bv = [x["teps"][mode] for x in b if mode in x["teps"]]
             av = [x["teps"][mode] for x in a if mode in x["teps"]]
             if not bv or not av:
                 continue
-            pairs = [(after[i][config]["teps"], before[i][config]["teps"])
-                     for i in range(rounds) if config in after[i] and config in before[i]]
             ratios = [x[mode] / y[mode] for x, y in pairs if mode in x and mode in y]
             row[mode] = {"before": statistics.median(bv), "after": statistics.median(av),
                          "ratio": statistics.median(av) / statistics.median(bv),
