@@ -150,6 +150,16 @@ smsp__inst_executed_op_global_st.sum,smsp__inst_executed_op_global_ld.sum \
 fi
 
 if [[ $steps == *challenge* ]]; then
+  # One challenge bench of the tree in the current directory: NAME ARGS...; its
+  # JSON and log are $out/bench_NAME.*, its status the bench's own
+  challenge_bench() {
+    local name=$1
+    shift
+    timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda "$@" \
+      --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench --json "$out/bench_$name.json" \
+      2>&1 | tee "$out/bench_$name.log"
+    return "${PIPESTATUS[0]}"
+  }
   rounds=1
   if [[ -n ${BASELINE:-} ]]; then rounds="${BASELINE_ROUNDS:-1}"; fi
   before=() after=()
@@ -159,11 +169,9 @@ if [[ $steps == *challenge* ]]; then
     if [[ -n ${BASELINE:-} ]]; then
       # the older tree first, on the same card and stores (its peers off: they only check)
       # shellcheck disable=SC2086
-      (cd "$BASELINE" && PYTHONPATH="${PYTHONPATH/$root/$PWD}" timeout \
-        "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
-        ${BASELINE_ARGS:---challenge} --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
-        --json "$out/bench_baseline$sfx.json" 2>&1 | tee "$out/bench_baseline$sfx.log")
-      note "baseline ($BASELINE) challenge bench$sfx rc=${PIPESTATUS[0]}"
+      (cd "$BASELINE" && export PYTHONPATH="${PYTHONPATH/$root/$PWD}" &&
+        challenge_bench "baseline$sfx" ${BASELINE_ARGS:---challenge})
+      note "baseline ($BASELINE) challenge bench$sfx rc=$?"
       before+=("$out/bench_baseline$sfx.json")
     fi
     # CHALLENGE_ARGS: which configurations and peers (default: all 12, both peers);
@@ -171,10 +179,8 @@ if [[ $steps == *challenge* ]]; then
     args="${CHALLENGE_ARGS:---challenge --peer cusparse --peer torch}"
     ((r > 1)) && args="${BASELINE_ARGS:---challenge}"
     # shellcheck disable=SC2086
-    timeout "${CHALLENGE_TIMEOUT:-420}" python3 -m spdnn_mpi bench --backend cuda \
-      $args --repeat 3 --truth-max 1024x480 --data-dir /tmp/bench \
-      --json "$out/bench_challenge$sfx.json" 2>&1 | tee "$out/bench_challenge$sfx.log"
-    note "challenge bench$sfx rc=${PIPESTATUS[0]}"
+    challenge_bench "challenge$sfx" $args
+    note "challenge bench$sfx rc=$?"
     after+=("$out/bench_challenge$sfx.json")
   done
   if [[ -n ${BASELINE:-} ]]; then
