@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import (
     as_schema_2,
+    fixed_degree_layer,
     layer_span,
     random_inputs,
     random_network,
@@ -27,6 +28,7 @@ from conftest import (
 from spdnn_mpi.cli import main
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store.reader import SUPPORTED_SCHEMA_VERSIONS, Store, StoreWriter
+from spdnn_mpi.model import Network
 from spdnn_mpi.reference import reference_categories
 
 W = 48  # network width; indices are uint16
@@ -387,3 +389,90 @@ def test_writer_checks_inputs_and_truth_like_the_reader(tmp_path):
         w.write_inputs(good)
         w.add_layer(_layer(n_in=4))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def fixed_store(tmp_path):
+    """Five fixed-degree layers of one weight and a scalar bias (the challenge's form),
+    whose index arrays lie back to back: read through the one-pass checks."""
+    rng = np.random.default_rng(11)
+    layers = [fixed_degree_layer(rng, W, W, 6, bias=-0.1 * k, clip=[None, 8.0][k % 2])
+              for k in range(5)]
+    net = Network(layers)
+    return write_store(tmp_path / "fixed.h5", net, random_inputs(rng, 40, W, 0.25), [5]), net
+
+
+#: edits of a fixed-degree store: each rule the one-pass checks cover, broken in layer 3
+FIXED_CASES = {
+    "index beyond n_in": (lambda f: set_layer_item(f, 3, "indices", 9, W),
+                          [f"network/l00003/indices: id {W} at position 9"]),
+    "index 65535 in the last layer": (lambda f: set_layer_item(f, 5, "indices", 0, 65535),
+                                      ["network/l00005/indices: id 65535 at position 0"]),
+    "degree against nnz": (lambda f: set_layer_field(f, 3, "row_degree", 5),
+                           ["network/l00003: row_degree 5 x 48 rows != nnz 288"]),
+    "negative degree": (lambda f: set_layer_field(f, 3, "row_degree", -3),
+                        ["network/l00003: attribute row_degree missing"]),
+    "inf weight": (lambda f: set_layer_field(f, 3, "uniform_value", np.inf),
+                   ["network/l00003: attribute uniform_value is inf"]),
+    "nan bias": (lambda f: set_layer_field(f, 3, "bias", np.nan),
+                 ["network/l00003: attribute bias is nan"]),
+    "zero clip": (lambda f: set_layer_field(f, 4, "clip", 0.0),
+                  ["network/l00004: attribute clip is 0.0"]),
+    "unknown activation": (lambda f: set_layer_field(f, 3, "activation", 9),
+                           ["network/l00003: activation 'code 9'"]),
+    "n_in 0": (lambda f: set_layer_field(f, 3, "n_in", 0),
+               ["network/l00003: attribute n_in is 0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(FIXED_CASES))
+def test_fixed_degree_store_checks_name_the_layer(fixed_store, capsys, case):
+    """The one-pass checks of a packed table and of runs of ids refuse what the layer
+    by layer checks refuse, with the same message (they hand a failure back to them)."""
+    path, _ = fixed_store
+    edit, fragments = FIXED_CASES[case]
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    assert main(["infer", str(path), "--backend", "cpu", "--threads", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_fixed_degree_layers_read_as_written(fixed_store):
+    """Layers built by the one-pass path equal those the layer by layer checks build
+    (and the written ones, to float32), sharing one row pointer a shape."""
+    path, net = fixed_store
+    with Store(path) as s:
+        read = s.network().layers
+        assert s._layers.simple(5) == [True] * 5
+        one_by_one = [s.layer(k) for k in range(5)]
+    for got, want, written in zip(read, one_by_one, net.layers):
+        for name in ("n_in", "n_out", "uniform_value", "bias", "clip", "activation"):
+            assert getattr(got, name) == getattr(want, name), name
+            assert type(getattr(got, name)) is type(getattr(want, name)), name
+        assert got.bias == np.float32(written.bias)
+        np.testing.assert_array_equal(got.indices, written.indices)
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        assert vars(got)["row_degree"] == vars(want)["row_degree"] == 6
+    assert read[0].indptr is read[4].indptr
+    # writeable, as the layer by layer path's are: numba types read-only arrays apart
+    assert read[0].indptr.flags.writeable == one_by_one[0].indptr.flags.writeable
+
+
+def test_runs_of_ids_are_checked_together():
+    """``indices_in_range``: back-to-back views of one buffer with one n_in form a run;
+    a gap, another n_in or a copy ends it; an id out of range fails its whole run."""
+    from spdnn_mpi.formats.store.validate import indices_in_range
+
+    buf = np.arange(40, dtype=np.uint16) % 10
+    views = [buf[0:10], buf[10:20], buf[20:30], buf[31:40], buf[0:5].copy()]
+    assert indices_in_range([10, 10, 10, 10, 10], views, 2) == [True, True, True, False, False]
+    assert indices_in_range([10, 10, 20, 20, 10], views, 1) == [True, True, False, False, False]
+    bad = buf.copy()
+    bad[25] = 10
+    runs = [bad[0:10], bad[10:20], bad[20:30], bad[30:40]]
+    assert indices_in_range([10] * 4, runs, 2) == [False] * 4
+    signed = np.arange(-1, 19, dtype=np.int32)
+    assert indices_in_range([70000, 70000], [signed[:10], signed[10:]], 2) == [False, False]

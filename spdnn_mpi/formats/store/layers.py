@@ -155,6 +155,7 @@ class PackedLayers:
         if table.dtype != TABLE_DTYPE or table.ndim != 1:
             raise StoreError(f"{path}: network/layers: dtype {table.dtype} of shape "
                              f"{table.shape}, not the schema's layer table")
+        self._table = table
         # rows as dicts of Python scalars: a field of a NumPy record costs ten times more
         self._rows = [dict(zip(TABLE_DTYPE.names, row)) for row in table.tolist()]
         self._lengths = {name: (network[name].shape[0] if isinstance(
@@ -166,12 +167,19 @@ class PackedLayers:
     def attrs(self, k: int) -> dict:
         return row_attrs(self._rows[k])
 
+    def simple(self, n_layers: int) -> list[bool]:
+        """Which of the first ``n_layers`` layers are in the simple form with every
+        attribute rule holding (``validate.simple_rows``)."""
+        from spdnn_mpi.formats.store.validate import simple_rows
+
+        return simple_rows(self._table[:n_layers]).tolist()
+
     def _spans(self, k: int) -> dict[str, tuple[int, int]]:
         """Where layer ``k``'s arrays lie, every range inside its dataset."""
-        where = f"{self._path}: network/{layer_key(k)}"
         out = spans(self._rows[k])
         for name, (start, stop) in out.items():
             if start < 0 or stop > self._lengths[name]:
+                where = f"{self._path}: network/{layer_key(k)}"
                 raise StoreError(f"{where}: its {name} entries [{start}, {stop}) lie outside "
                                  f"network/{name} ({self._lengths[name]} entries)")
         return out
@@ -250,3 +258,7 @@ class GroupLayers:
 
     def prefix(self, n_layers: int) -> list[tuple[dict, Arrays]]:
         return [(self.attrs(k), self.arrays(k)) for k in range(n_layers)]
+
+    def simple(self, n_layers: int) -> list[bool]:
+        """None is known checked: a group's attributes are checked layer by layer."""
+        return [False] * n_layers

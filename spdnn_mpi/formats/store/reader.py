@@ -147,9 +147,11 @@ class Store(StoredInputs, StoredAnswers):
             raise StoreError(f"{self.path}: layer {k + 1} asked for, store has {self.n_layers}")
         return self._layers.attrs(k)
 
-    def _check(self, k: int, attrs: dict, arrays) -> Layer:
-        """Layer ``k`` built from its attributes and arrays, every rule checked."""
-        return validate.check_layer(f"{self.path}: network/{layer_key(k)}", attrs, *arrays)
+    def _check(self, k: int, attrs: dict, arrays, in_range: bool = False) -> Layer:
+        """Layer ``k`` built from its attributes and arrays, every rule checked
+        (``in_range``: its ids were already found in range)."""
+        return validate.check_layer(f"{self.path}: network/{layer_key(k)}", attrs, *arrays,
+                                    indices_in_range=in_range)
 
     def _checked(self, k: int, attrs: dict, arrays) -> Layer:
         t0 = time.perf_counter()
@@ -158,19 +160,28 @@ class Store(StoredInputs, StoredAnswers):
         return layer
 
     def _checked_all(self, parts: list) -> list[Layer]:
-        """Every layer of ``parts`` validated; layers of PARALLEL_CHECK_NNZ entries or
-        more on every core the process may use (the checks are numpy reductions, which
-        release the GIL); the first damaged layer in order is the one refused."""
+        """Every layer of ``parts`` validated: the ids of layers lying back to back in
+        one reduction a run, over every core the process may use
+        (``validate.indices_in_range``); a packed table's attributes in one pass
+        (``validate.simple_rows``); layers of PARALLEL_CHECK_NNZ entries or more on
+        those cores too (the checks are numpy reductions, which release the GIL).
+        The first damaged layer in order is the one refused."""
         from spdnn_mpi.util.workers import default_jobs
 
+        t0 = time.perf_counter()
         threads = min(default_jobs(), len(parts))
+        in_range = validate.indices_in_range([attrs.get("n_in") for attrs, _ in parts],
+                                             [arrays[0] for _, arrays in parts], threads)
         nnz = sum(len(arrays[0]) for _attrs, arrays in parts)
         if threads < 2 or nnz < PARALLEL_CHECK_NNZ * len(parts):
-            return [self._checked(k, attrs, arrays) for k, (attrs, arrays) in enumerate(parts)]
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(threads) as pool:
-            layers = list(pool.map(lambda item: self._check(item[0], *item[1]),
-                                   enumerate(parts)))
+            simple, indptrs = self._layers.simple(len(parts)), {}
+            layers = [(is_simple and validate.simple_layer(attrs, arrays[0], ok, indptrs))
+                      or self._check(k, attrs, arrays, ok) for k, ((attrs, arrays), ok, is_simple)
+                      in enumerate(zip(parts, in_range, simple))]
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                layers = list(pool.map(lambda item: self._check(item[0], *item[1][0], item[1][1]),
+                                       enumerate(zip(parts, in_range))))
         self._timed(t0)
         return layers
 
