@@ -65,6 +65,12 @@ def layers_of_every_kind(rng) -> list[Layer]:
     layers.append(random_network(rng, [60, 40], 0.2, uniform=True).layers[0])
     layers.append(Layer(5, 1, np.array([0, 3]), np.array([0, 1, 2], np.uint16), None, 1.0))
     layers.append(Layer(5, 4, np.zeros(5, np.int64), np.zeros(0, np.uint16), None, 1.0))
+    # lists repeating every 3 rows, then every 5 with a stray row between: the row
+    # a stride back is tried first, and a miss must fall back to the hash
+    lists = rng.integers(0, 800, (8, 4)).astype(np.uint16)
+    picks = [k % 3 for k in range(30)] + [7] + [3 + k % 5 for k in range(40)] + [7, 0, 4]
+    layers.append(Layer(800, len(picks), np.arange(0, 4 * len(picks) + 1, 4),
+                        lists[picks].ravel(), None, 1.0))
     # rows equal but for their byte order's high byte, and hash-neighbour rows
     rows = np.array([[1, 256], [256, 1], [1, 256], [256, 1], [2, 512], [2, 512]], np.uint16)
     layers.append(Layer(600, 6, np.arange(0, 13, 2), rows.ravel(), None, 1.0))
