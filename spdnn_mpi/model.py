@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,23 +166,48 @@ class Layer:
         return cls(n_in, n_out, indptr, indices, vals, None, bias, clip, activation)
 
 
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def _buffer(array: np.ndarray) -> np.ndarray:
+    """The NumPy array whose memory ``array`` views (itself if it owns it; a parse
+    worker's layer views a bytes object, which has no dtype to compare)."""
+    return array.base if isinstance(array.base, np.ndarray) else array
+
+
+def joined_prefix(arrays: Iterable[np.ndarray]) -> tuple[int, np.ndarray | None]:
+    """How many of ``arrays``, from the first on, lie back to back in one buffer (1-D
+    and contiguous, as a packed store's layers do), and those as one view of it,
+    without a copy; (0, None) where the first is not such an array."""
+    it = iter(arrays)
+    first = next(it)
+    base = _buffer(first)
+    if (base.ndim != 1 or base.dtype != first.dtype or not base.flags.c_contiguous
+            or first.ndim != 1 or not first.flags.c_contiguous):
+        return 0, None
+    start = _address(first)
+    end, count = start + first.nbytes, 1
+    for a in it:
+        if (a.base is not base or a.dtype != first.dtype or a.ndim != 1
+                or not a.flags.c_contiguous or _address(a) != end):
+            break
+        end += a.nbytes
+        count += 1
+    at = (start - _address(base)) // first.itemsize
+    stop = at + (end - start) // first.itemsize
+    return (count, base[at:stop]) if stop <= base.size else (0, None)
+
+
 def stacked_indices(layers: Sequence[Layer]) -> np.ndarray:
     """The indices of fixed-degree layers of one shape as one (layers, n_out, degree)
     array: without a copy where they lie back to back in one buffer (a packed store's),
     else copied. Both backends lay such runs of layers out in one pass."""
     first, n = np.asarray(layers[0].indices), len(layers)
     shape = (n, layers[0].n_out, layers[0].row_degree)
-    # a parse worker's layer views a bytes object, which has no dtype to compare
-    base = first.base if isinstance(first.base, np.ndarray) else first
-    if base.dtype == first.dtype and base.ndim == 1 and all(
-            lay.indices.base is base or lay.indices is base for lay in layers):
-        item, origin = first.itemsize, base.__array_interface__["data"][0]
-        starts = [(lay.indices.__array_interface__["data"][0] - origin) // item
-                  for lay in layers]
-        size = first.size
-        if (starts == [starts[0] + k * size for k in range(n)]
-                and starts[0] + n * size <= base.size):
-            return base[starts[0]:starts[0] + n * size].reshape(shape)
+    count, joined = joined_prefix(np.asarray(lay.indices) for lay in layers)
+    if count == n and joined.size == n * first.size:
+        return joined.reshape(shape)
     return np.stack([np.asarray(lay.indices, dtype=first.dtype) for lay in layers]).reshape(shape)
 
 
