@@ -15,6 +15,7 @@ import numpy as np
 
 from spdnn_mpi.errors import StoreError
 from spdnn_mpi.formats.store.schema import layer_key
+from spdnn_mpi.formats.store.validate import simple_rows
 from spdnn_mpi.model import ACTIVATIONS
 
 #: One row per layer (schema 3): shape, forms and where its arrays start (-1: no such
@@ -170,8 +171,6 @@ class PackedLayers:
     def simple(self, n_layers: int) -> list[bool]:
         """Which of the first ``n_layers`` layers are in the simple form with every
         attribute rule holding (``validate.simple_rows``)."""
-        from spdnn_mpi.formats.store.validate import simple_rows
-
         return simple_rows(self._table[:n_layers]).tolist()
 
     def _spans(self, k: int) -> dict[str, tuple[int, int]]:
@@ -260,5 +259,5 @@ class GroupLayers:
         return [(self.attrs(k), self.arrays(k)) for k in range(n_layers)]
 
     def simple(self, n_layers: int) -> list[bool]:
-        """None is known checked: a group's attributes are checked layer by layer."""
+        """None: a group's attributes are checked layer by layer (``check_layer``)."""
         return [False] * n_layers

@@ -174,14 +174,15 @@ class Store(StoredInputs, StoredAnswers):
                                              [arrays[0] for _, arrays in parts], threads)
         nnz = sum(len(arrays[0]) for _attrs, arrays in parts)
         if threads < 2 or nnz < PARALLEL_CHECK_NNZ * len(parts):
-            simple, indptrs = self._layers.simple(len(parts)), {}
-            layers = [(is_simple and validate.simple_layer(attrs, arrays[0], ok, indptrs))
-                      or self._check(k, attrs, arrays, ok) for k, ((attrs, arrays), ok, is_simple)
-                      in enumerate(zip(parts, in_range, simple))]
+            simple, indptrs, layers = self._layers.simple(len(parts)), {}, []
+            for k, ((attrs, arrays), ok, is_simple) in enumerate(zip(parts, in_range, simple)):
+                layer = validate.simple_layer(attrs, arrays[0], ok, indptrs) if is_simple else None
+                layers.append(layer or self._check(k, attrs, arrays, ok))
         else:
             with ThreadPoolExecutor(threads) as pool:
-                layers = list(pool.map(lambda item: self._check(item[0], *item[1][0], item[1][1]),
-                                       enumerate(zip(parts, in_range))))
+                layers = list(pool.map(self._check, range(len(parts)),
+                                       [attrs for attrs, _ in parts],
+                                       [arrays for _, arrays in parts], in_range))
         self._timed(t0)
         return layers
 
