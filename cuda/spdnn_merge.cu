@@ -3,14 +3,17 @@
 // A row that equals another bit for bit stays equal through every later
 // layer, so only one of them needs computing. Steps, all on the device:
 //   row_hashes      a 64-bit hash per held row (candidates only);
-//   (the host sorts the hashes: cupy.argsort, stable);
-//   group_heads     the first slot of each run of equal hashes;
-//   compare_heads   exact comparison of each row with its run's first row,
-//                   chunk by chunk of neurons (many warps in flight);
+//   hash_insert     each hash into an open-addressing table whose entry keeps
+//                   the smallest slot with that hash: the row's head;
+//   compare_heads   exact comparison of each row with its head, chunk by
+//                   chunk of neurons (many warps in flight);
 //   mark_reps       a row is merged only when every 32-bit word was equal;
 //   plan_reps       prefix of the representatives over tiles, the decision;
 //   emit_groups     the (member, owner) positions the host maps back;
 //   compact_rows    (spdnn_rows.cu) moves the representatives into dense tiles.
+// Every kernel reads the number of held rows from the state and is launched
+// for the batch's capacity, so the host enqueues the whole check after the
+// layers and waits once, for its result.
 #include "spdnn_common.cuh"
 
 #define MERGE_CHUNK 256  // neurons hashed or compared by one warp (chunk hashes are summed)
@@ -49,25 +52,38 @@ extern "C" __global__ void __launch_bounds__(256)
   }
 }
 
-// head[order[i]] = order[first i' with the same key]: the smallest slot of its
-// run, as the sort is stable. Binary search over the sorted keys.
-extern "C" __global__ void group_heads(const u64* keys, const i64* order, int n, int* head) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-    const u64 key = keys[order[i]];
-    int lo = 0, hi = i;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (keys[order[mid]] < key) lo = mid + 1; else hi = mid;
+// Inserts each held slot's hash into a table of 2^log_size entries (linear
+// probing; 0 marks an empty entry, so a hash of 0 is taken as 1: a collision
+// only loses a merge). table_min[e] becomes the smallest slot whose hash is
+// entry e's, the head of every row with that hash; entry[s] is slot s's entry.
+// table_keys must be zero and table_min INT_MAX on entry.
+extern "C" __global__ void hash_insert(const int* state, const u64* keys, int log_size,
+                                       u64* table_keys, int* table_min, int* entry) {
+  const int n_rows = ld_state(state, ST_ROWS);
+  const u64 last = (1ull << log_size) - 1ull;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n_rows; s += blockDim.x * gridDim.x) {
+    const u64 key = keys[s] ? keys[s] : 1ull;
+    u64 e = (key ^ (key >> 32)) & last;
+    for (;;) {  // the table holds at least twice the rows: an empty entry exists
+      const u64 was = atomicCAS(table_keys + e, 0ull, key);
+      if (was == 0ull || was == key) break;
+      e = (e + 1) & last;
     }
-    head[order[i]] = (int)order[lo];
+    atomicMin(table_min + e, s);
+    entry[s] = (int)e;
   }
 }
 
-// One warp per (tile, chunk of neurons): lane s compares its row with row
-// head[s] word by word over the chunk and sets its bit in differs[t] on any
+__device__ __forceinline__ int head_of(const int* table_min, const int* entry, int s) {
+  return table_min[entry[s]];
+}
+
+// One warp per (tile, chunk of neurons): lane s compares its row with its
+// head's word by word over the chunk and sets its bit in differs[t] on any
 // difference. differs must be zero on entry.
 extern "C" __global__ void __launch_bounds__(256)
-    compare_heads(const i64* ptrs, const int* state, int width, const int* head, u32* differs) {
+    compare_heads(const i64* ptrs, const int* state, int width, const int* table_min,
+                  const int* entry, u32* differs) {
   const u32* buf = reinterpret_cast<const u32*>(current_features(ptrs, state));
   const i64 tstride = ptrs[P_TSTRIDE];
   const int n_rows = ld_state(state, ST_ROWS);
@@ -79,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(256)
        w < (i64)n_tiles * n_chunks; w += nw) {
     const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
     const int s = t * 32 + lane;
-    const int h = s < n_rows ? head[s] : s;
+    const int h = s < n_rows ? head_of(table_min, entry, s) : s;
     if (!__any_sync(0xffffffffu, h != s)) continue;
     const u32* mine = buf + t * tstride + lane;
     const u32* theirs = buf + (i64)(h >> 5) * tstride + (h & 31);
@@ -98,15 +114,15 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // One thread per slot: representatives (first of a run, or not equal to it)
 // get their bit in mask; owner[s] is the slot whose results s takes.
-extern "C" __global__ void mark_reps(const int* state, const int* head, const u32* differs,
-                                     u32* mask, int* owner) {
+extern "C" __global__ void mark_reps(const int* state, const int* table_min, const int* entry,
+                                     const u32* differs, u32* mask, int* owner) {
   const int n_rows = ld_state(state, ST_ROWS);
   const int n_tiles = (n_rows + 31) / 32;
   const int lane = threadIdx.x & 31;
   for (int base = blockIdx.x * blockDim.x; base < n_tiles * 32; base += blockDim.x * gridDim.x) {
     const int s = base + threadIdx.x;
     const bool real = s < n_rows;
-    const int h = real ? head[s] : s;
+    const int h = real ? head_of(table_min, entry, s) : s;
     const bool merged = real && h != s && !((differs[s >> 5] >> lane) & 1u);
     const u32 reps = __ballot_sync(0xffffffffu, real && !merged);
     if (lane == 0 && s < n_tiles * 32) mask[s >> 5] = reps;
@@ -115,7 +131,8 @@ extern "C" __global__ void mark_reps(const int* state, const int* head, const u3
 }
 
 // One block: representatives' prefix over tiles (tile_base), and the plan
-// compact_rows follows (it moves them out of the current buffer).
+// compact_rows follows (it moves them out of the current buffer); the header
+// of the host's copy: out = [held rows, representatives, ...].
 extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, int k, int* out) {
   const int n_rows = ld_state(state, ST_ROWS);
   const int n_tiles = (n_rows + 31) / 32;
@@ -125,7 +142,8 @@ extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, i
   if (threadIdx.x == 0) {
     state[ST_MERGE_ROWS] = n_rows;
     state[ST_NEW_ROWS] = reps;
-    out[0] = reps;
+    out[0] = n_rows;
+    out[1] = reps;
     const int merge = reps < n_rows;
     state[ST_DO_COMPACT] = merge ? COMPACT_EXACT : COMPACT_NONE;  // compact_rows follows
     stamps[k + 1] = global_ns();
@@ -133,7 +151,7 @@ extern "C" __global__ void plan_reps(const i64* ptrs, int* state, u64* stamps, i
 }
 
 // Positions for the host, before compaction moves them, in one array (one
-// copy to the host): out = [reps, kept[reps], members[n - reps], owners[n - reps]].
+// copy to the host): out = [n, reps, kept[reps], members[n - reps], owners[n - reps]].
 extern "C" __global__ void __launch_bounds__(256)
     emit_groups(const i64* ptrs, const int* state, int k, const int* owner, int* out) {
   const int* pos = current_positions(ptrs, state);
@@ -141,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(256)
   const int* tile_base = reinterpret_cast<const int*>(ptrs[P_TILE_BASE]);
   const int n_rows = ld_state(state, ST_MERGE_ROWS);
   const int reps = ld_state(state, ST_NEW_ROWS);
-  int* kept = out + 1;
+  int* kept = out + 2;
   int* members = kept + reps;
   int* owners = members + (n_rows - reps);
   for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n_rows; s += blockDim.x * gridDim.x) {

@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.compile import import_cupy, module_and_whether_compiled
@@ -143,20 +141,20 @@ class CudaBackend(Backend):
         self._queue.flush()
 
     def merge_duplicate_rows(self) -> RowGroups:
-        """Merge the identical rows held now, on the device (``merge``)."""
+        """Merge the identical rows held now, on the device (``merge``). At most the
+        batch's tiles are held (a padded compaction's slots included)."""
         queue, b = self._queue, self._buffers
         queue.flush()
         queue.merging = True
         k = self._layers_run - 1
         with self._dev, self._stream:
             queue.compact(k)  # a compaction left pending by the last layer (a no-op otherwise)
-            n = int(b.state[ST_ROWS].get())  # after the queued layers
-            if n == 0:
-                empty = np.zeros(0, np.int64)
-                return RowGroups(0, empty, empty, empty)
             groups = self._merger.merge(ptrs=b.ptrs, state=b.state, stamps=b.stamps,
                                         mask=b.masks[k & 1], compact=lambda: queue.compact(k),
-                                        n=n, width=queue.layers[k].n_out, k=k)
+                                        cap=lay.TILE_ROWS * -(-b.loaded_rows // lay.TILE_ROWS),
+                                        width=queue.layers[k].n_out, k=k)
+        if groups.rows_before == 0:
+            return groups
         if groups.representatives <= lay.TILE_ROWS:  # one tile from here on: few rows
             queue.held = lay.rows_bucket(max(1, groups.representatives))
         self._track_peak()
