@@ -71,6 +71,36 @@ def test_duplicated_inputs(variant, batch):
     assert any(e["representatives"] < e["rows"] for b in auto.compression for e in b)
 
 
+@pytest.mark.parametrize("width", [96, 300])
+def test_merge_groups_equal_the_reference_backends(width):
+    """The device's groups (heads from its hash table) are ``np.unique``'s: the same
+    kept rows, members and owners, over several tiles and two neuron chunks, for a
+    merge that finds duplicates and a later one on the representatives."""
+    from spdnn_mpi.backends.reference import ReferenceBackend
+
+    rng = np.random.default_rng(21)
+    net = random_network(rng, [width] * 4, 0.2, bias="vector")
+    for layer in net.layers:
+        layer.bias = np.minimum(layer.bias_vector(), 0)
+    rows = duplicated_rows(rng, 150, 6, width, binary=False)
+    found = []
+    for backend in (cuda_backend(), ReferenceBackend()):
+        backend.load_network(net.layers)
+        backend.load_features(rows, drop_empty=True)
+        groups = []
+        for k in range(3):
+            backend.run_layer(k, drop_dead=True)
+            if k != 1:
+                groups.append(backend.merge_duplicate_rows())
+        found.append(groups)
+    for ours, ref in zip(*found):
+        assert ours.rows_before == ref.rows_before
+        for field in ("kept", "members", "owners"):
+            np.testing.assert_array_equal(getattr(ours, field), getattr(ref, field))
+    first = found[1][0]
+    assert 32 < first.representatives < first.rows_before
+
+
 @pytest.mark.parametrize("graphs", [True, False])
 def test_saturating_layers_collapse(graphs):
     rng = np.random.default_rng(12)
