@@ -48,6 +48,12 @@ CHECK_SHARE = 0.02
 #: representatives of 3120 rows from layer 20 on).
 LOOK_SHARE = 0.02
 
+#: Once no check can come (one tile of representatives), queued work is cut only
+#: every DONE_CUT_STRIDE layers instead of at every checkpoint: each cut ends a
+#: launch of converged layers, which costs about 12 us besides its layers (H100),
+#: while the cuts left still let the device start before the host has queued all.
+DONE_CUT_STRIDE = 128
+
 
 @dataclass(frozen=True)
 class CheckCosts:
@@ -178,7 +184,8 @@ class CheckPolicy:
 
 class BatchChecks:
     """Compression of one batch on one backend: at each checkpoint, a check (the
-    backend merges) or just a cut of the queued work. Measures and decides with a
+    backend merges) or just a cut of the queued work (once no check can come,
+    only every ``DONE_CUT_STRIDE`` layers). Measures and decides with a
     ``CheckPolicy``, or replays a ``CheckPlan``; ``plan()`` is what it did."""
 
     def __init__(self, backend: Backend, n_rows: int, n_layers: int,
@@ -206,7 +213,8 @@ class BatchChecks:
         else:
             check = False
         if not check:
-            self.backend.flush()
+            if not self.compressor.done or layers_done % DONE_CUT_STRIDE == 0:
+                self.backend.flush()
             return
         t0, once = time.perf_counter(), self.backend.one_time_seconds()
         groups = self.backend.merge_duplicate_rows()

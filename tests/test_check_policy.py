@@ -13,9 +13,17 @@ import pytest
 from conftest import duplicated_rows, random_network, saturating
 
 from spdnn_mpi.backends import make_backend
-from spdnn_mpi.check_policy import CHECK_SHARE, LOOK_SHARE, CheckCosts, CheckPlan, CheckPolicy
+from spdnn_mpi.check_policy import (
+    CHECK_SHARE,
+    DONE_CUT_STRIDE,
+    LOOK_SHARE,
+    CheckCosts,
+    CheckPlan,
+    CheckPolicy,
+)
 from spdnn_mpi.compression import is_checkpoint
 from spdnn_mpi.engine import run_inference, time_inference
+from spdnn_mpi.reference import reference_infer
 
 CUDA_LIKE = CheckCosts(look=20e-6, check=150e-6, layer=6e-6)
 #: live rows of the generated 1024 x 120 challenge network: inputs, then after each layer
@@ -203,3 +211,30 @@ def test_cpu_checks_pay_on_a_network_that_collapses():
     auto = run_inference(net, rows, backend, compress="auto")
     np.testing.assert_array_equal(off.alive_ids, auto.alive_ids)
     assert auto.compression[0] and auto.computed_edges(net) < off.computed_edges(net)
+
+
+def test_once_no_check_can_come_work_is_cut_only_every_stride(monkeypatch):
+    """After the check that leaves one tile, the queue is cut at multiples of
+    DONE_CUT_STRIDE only, not at every checkpoint (each cut ends a launch)."""
+    rng = np.random.default_rng(8)
+    n_layers = 2 * DONE_CUT_STRIDE + 40
+    net = saturating(rng, 64, n_layers)
+    rows = duplicated_rows(rng, 300, 3, 64, binary=False)
+    backend = make_backend("cpu")
+    backend.check_costs = CheckCosts()  # free: every due checkpoint checks
+    backend.load_network(net.layers)
+    layers_run, cuts = [0], []
+    run_layer = backend.run_layer
+    monkeypatch.setattr(backend, "run_layer",
+                        lambda k, drop: layers_run.__setitem__(0, k + 1) or run_layer(k, drop))
+    monkeypatch.setattr(backend, "flush", lambda: cuts.append(layers_run[0]))
+    res = run_inference(net, rows, backend, want_features=True, compress="auto")
+    last_check = res.compression[0][-1]
+    assert last_check["representatives"] <= backend.tile_rows
+    after = [c for c in cuts if c > last_check["layer"]]
+    assert after == [DONE_CUT_STRIDE, 2 * DONE_CUT_STRIDE]
+    before = [c for c in cuts if c < last_check["layer"]]
+    assert before == [c for c in range(1, last_check["layer"])
+                      if is_checkpoint(c) and c not in {e["layer"] for e in res.compression[0]}]
+    ids, feats = reference_infer(net, rows)
+    np.testing.assert_array_equal(res.alive_ids, ids)
