@@ -1,7 +1,7 @@
 """When a compression check pays, decided from what the run itself measures.
 
 A check (``Backend.merge_duplicate_rows``) costs a pass over the held rows plus a
-fixed part (a sort, copies to the host); it saves, on every later layer, the part
+fixed part (launches, a copy to the host); it saves, on every later layer, the part
 of that layer's time that shrinks with the rows it merged. Neither side is known
 ahead: small layers (N = 1024) cost about what a launch costs, so a check over
 60000 rows there costs more than every layer after it saves, while at N = 65536

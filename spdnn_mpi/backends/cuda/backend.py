@@ -40,9 +40,11 @@ class CudaBackend(Backend):
     #: images took 0.90 ms with looks after layers 1 and 2, 0.22 ms without (H200)
     check_min_layers_left = 8
     #: a look stalls the device for a wait and a relaunch; a check's fixed part is
-    #: its sort, six kernels and the copy of the groups; a layer on one tile of rows
-    #: still costs its launch and its weights (converged layers one a launch: 7.2-8.0
-    #: us, H200; many a launch: 2.8-5.6 us, H100, not yet re-weighed here)
+    #: its launches (fills and six kernels) and the copy of the groups (a prior: with
+    #: the device idle meanwhile, 0.26-0.43 ms a check on an H100 at N = 1024-4096,
+    #: which the policy measures after the first); a layer on one tile of rows still
+    #: costs its launch and its weights (converged layers one a launch: 7.2-8.0 us,
+    #: H200; many a launch: 2.8-5.6 us, H100, not yet re-weighed here)
     check_costs = CheckCosts(look=20e-6, check=150e-6, layer=6e-6)
     #: the whole batch: a graph's last gather is sized by the rows, so a smaller
     #: warm-up left the capture in the first timed run (0.173 against 0.027 s, H100)
