@@ -82,8 +82,9 @@ def kernel_names(plans: Sequence[lay.LayerPlan], held: Sequence | None = None) -
     with each one (all 24 forms of degree 32 took 2.3x the time of the 7 a challenge
     network then needed, nvcc for sm_90). With ``held``, the layers of the plans on a
     device that runs converged layers in one launch, the one-launch forms of those
-    that run in it (``held.py``) too. The kernel a grouped layer falls back to where its groups are
-    too sparse is not among them: that is known only once laid out (``fallback_names``)."""
+    that run in it (``held.py``) too. The kernel a grouped layer falls back to where
+    its groups are too sparse is not among them: that is known only once laid out
+    (``fallback_names``)."""
     names = {"scatter_rows<u16>", "scatter_rows<int>"} | plan_kernel_names(plans)
     if held is not None:
         names |= held_layers.kernel_names(plans, held)
