@@ -2,6 +2,7 @@
 //
 // A row that equals another bit for bit stays equal through every later
 // layer, so only one of them needs computing. Steps, all on the device:
+//   merge_clear     the scratch below cleared (one launch);
 //   row_hashes      a 64-bit hash per held row (candidates only);
 //   hash_insert     each hash into an open-addressing table whose entry keeps
 //                   the smallest slot with that hash: the row's head;
@@ -13,7 +14,7 @@
 //   compact_rows    (spdnn_rows.cu) moves the representatives into dense tiles.
 // Every kernel reads the number of held rows from the state and is launched
 // for the batch's capacity, so the host enqueues the whole check after the
-// layers and waits once, for its result.
+// layers, with the copy of its result to the host, and waits once.
 #include "spdnn_common.cuh"
 
 #define MERGE_CHUNK 256  // neurons hashed or compared by one warp (chunk hashes are summed)
@@ -25,6 +26,21 @@ __device__ __forceinline__ u64 splitmix64(u64 x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// The scratch of a merge over at most cap slots, cleared: hash keys and
+// difference bits zero, table entries empty (key 0) with no head (INT_MAX).
+// The table has at least twice cap entries, so its loop covers the rest.
+extern "C" __global__ void merge_clear(int cap, int table_size, u64* keys, u32* differs,
+                                       u64* table_keys, int* table_min) {
+  const int n_tiles = (cap + 31) / 32;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < table_size;
+       i += blockDim.x * gridDim.x) {
+    table_keys[i] = 0ull;
+    table_min[i] = 0x7fffffff;
+    if (i < cap) keys[i] = 0ull;
+    if (i < n_tiles) differs[i] = 0u;
+  }
 }
 
 // keys[s] += mix(FNV-1a of the 32-bit words of slot s over one chunk, chunk).

@@ -254,9 +254,9 @@ def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_l
     groups = backend.merge_duplicate_rows()  # the fake's kernels keep no row
     assert groups.rows_before == 50 and groups.representatives == 0
     assert log == ["capture(", "layer_group_sum<16>", "compact_rows",
-                   "layer_csr<true,true,int>", ")", "graph", "compact_rows", "row_hashes",
-                   "hash_insert", "compare_heads", "mark_reps", "plan_reps", "emit_groups",
-                   "compact_rows"]
+                   "layer_csr<true,true,int>", ")", "graph", "compact_rows", "merge_clear",
+                   "row_hashes", "hash_insert", "compare_heads", "mark_reps", "plan_reps",
+                   "emit_groups", "compact_rows", "copy"]
     log.clear()
     backend.run_layer(2, drop_dead=True)
     backend.flush()

@@ -40,7 +40,7 @@ class CudaBackend(Backend):
     #: images took 0.90 ms with looks after layers 1 and 2, 0.22 ms without (H200)
     check_min_layers_left = 8
     #: a look stalls the device for a wait and a relaunch; a check's fixed part is
-    #: its launches (fills and six kernels) and the copy of the groups (a prior: with
+    #: its launches (seven kernels) and the copy of the groups (a prior: with
     #: the device idle meanwhile, 0.26-0.43 ms a check on an H100 at N = 1024-4096,
     #: which the policy measures after the first); a layer on one tile of rows still
     #: costs its launch and its weights (converged layers one a launch: 7.2-8.0 us,
@@ -154,7 +154,8 @@ class CudaBackend(Backend):
             groups = self._merger.merge(ptrs=b.ptrs, state=b.state, stamps=b.stamps,
                                         mask=b.masks[k & 1], compact=lambda: queue.compact(k),
                                         cap=lay.TILE_ROWS * -(-b.loaded_rows // lay.TILE_ROWS),
-                                        width=queue.layers[k].n_out, k=k)
+                                        width=queue.layers[k].n_out, k=k,
+                                        stream=self._stream)
         if groups.rows_before == 0:
             return groups
         if groups.representatives <= lay.TILE_ROWS:  # one tile from here on: few rows

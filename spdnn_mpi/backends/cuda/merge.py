@@ -1,7 +1,8 @@
 """The device half of exact compression on the CUDA backend (``cuda/spdnn_merge.cu``):
 rows hashed into a table on the device, compared word by word with the first row
 of their hash, the representatives compacted. The host enqueues the whole check
-behind the layers and waits once; only the positions come back.
+behind the layers, with the copy of its positions to pinned host memory, and
+waits once.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import numpy as np
 from spdnn_mpi.compression import RowGroups
 
 #: Kernels of cuda/spdnn_merge.cu, in the order they run.
-MERGE_KERNELS = ("row_hashes", "hash_insert", "compare_heads", "mark_reps", "plan_reps",
-                 "emit_groups")
+MERGE_KERNELS = ("merge_clear", "row_hashes", "hash_insert", "compare_heads", "mark_reps",
+                 "plan_reps", "emit_groups")
 #: Neurons one warp hashes or compares (MERGE_CHUNK in the source).
 MERGE_CHUNK = 256
 #: Entries of the hash table per row it may hold, rounded up to a power of two
 #: (half full at most: linear probing stays short).
 TABLE_LOAD = 2
+#: Words of the merge's result copied to the host behind it in one piece (a
+#: header and three positions' lists of up to 512 K held rows); a larger result's
+#: rest is read after the wait.
+COPY_WORDS = 1 << 20
 
 
 class DeviceMerge:
@@ -32,44 +37,49 @@ class DeviceMerge:
         self._sms = sms
         self._cap = 0
         self._buf: dict[str, Any] = {}
+        self._host_ptr = 0
 
     def _buffers(self, cap: int) -> dict[str, Any]:
         cp = self._cp
         if cap > self._cap:
             cap = max(cap, 2 * self._cap)
-            log_size = max(5, (TABLE_LOAD * cap - 1).bit_length())
+            table = 1 << max(5, (TABLE_LOAD * cap - 1).bit_length())
+            words = min(2 * cap + 2, COPY_WORDS)
+            # page-locked, so the copy is queued behind the kernels (no cupyx: SciPy)
+            pinned = cp.cuda.alloc_pinned_memory(4 * words)
             self._buf = {"keys": cp.empty(cap, dtype=np.uint64),
-                         "table_keys": cp.empty(1 << log_size, dtype=np.uint64),
-                         "table_min": cp.empty(1 << log_size, dtype=np.int32),
+                         "table_keys": cp.empty(table, dtype=np.uint64),
+                         "table_min": cp.empty(table, dtype=np.int32),
                          "entry": cp.empty(cap, dtype=np.int32),
                          "owner": cp.empty(cap, dtype=np.int32),
                          "differs": cp.empty(-(-cap // 32), dtype=np.uint32),
                          "out": cp.empty(2 * cap + 2, dtype=np.int32),
-                         "log_size": log_size}
+                         "host": np.ndarray((words,), dtype=np.int32, buffer=pinned)}
+            self._host_ptr = self._buf["host"].ctypes.data  # read once: ctypes is slow
             self._cap = cap
         return self._buf
 
     def merge(self, *, ptrs, state, stamps, mask, compact: Callable[[], None], cap: int,
-              width: int, k: int) -> RowGroups:
+              width: int, k: int, stream) -> RowGroups:
         """Merge the rows held after 0-based layer ``k`` (at most ``cap``, ``width``
-        neurons each; the device knows how many), on the current device and stream.
-        ``mask``: the layer's parity of the tile masks; ``compact()`` enqueues the
-        compaction that moves the representatives.
+        neurons each; the device knows how many), on the current device and
+        ``stream``. ``mask``: the layer's parity of the tile masks; ``compact()``
+        enqueues the compaction that moves the representatives.
         """
         if cap == 0:
             return _no_rows()
         mk = self._k
         b = self._buffers(cap)
-        b["keys"][:cap].fill(0)
-        b["differs"][: -(-cap // 32)].fill(0)
-        b["table_keys"].fill(0)
-        b["table_min"].fill(np.iinfo(np.int32).max)
+        table = b["table_keys"].size
         warps = -(-cap // 32) * -(-width // MERGE_CHUNK)  # of the (tile, chunk) kernels
         grid = (max(1, min(-(-warps // 8), self._sms * 16)),)
         slots = (max(1, min(-(-cap // 256), self._sms * 8)),)
         heads = (b["table_min"], b["entry"])
+        mk["merge_clear"]((max(1, min(-(-table // 256), self._sms * 8)),), (256,),
+                          (np.int32(self._cap), np.int32(table), b["keys"], b["differs"],
+                           b["table_keys"], b["table_min"]))
         mk["row_hashes"](grid, (256,), (ptrs, state, np.int32(width), b["keys"]))
-        mk["hash_insert"](slots, (256,), (state, b["keys"], np.int32(b["log_size"]),
+        mk["hash_insert"](slots, (256,), (state, b["keys"], np.int32(table.bit_length() - 1),
                                           b["table_keys"], *heads))
         mk["compare_heads"](grid, (256,), (ptrs, state, np.int32(width), *heads,
                                            b["differs"]))
@@ -77,10 +87,19 @@ class DeviceMerge:
         mk["plan_reps"]((1,), (512,), (ptrs, state, stamps, np.int32(k), b["out"]))
         mk["emit_groups"](slots, (256,), (ptrs, state, np.int32(k), b["owner"], b["out"]))
         compact()
-        n, reps = (int(v) for v in b["out"][:2].get())  # the one wait
+        host = b["host"]
+        copied = min(2 * cap + 2, host.size)
+        runtime = self._cp.cuda.runtime
+        runtime.memcpyAsync(self._host_ptr, b["out"].data.ptr, 4 * copied,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()  # the one wait
+        n, reps = int(host[0]), int(host[1])
         if n == 0:
             return _no_rows()
-        out = b["out"][2 : 2 * n + 2 - reps].get().astype(np.int64)
+        words = 2 * n + 2 - reps
+        out = host[2:min(words, copied)].astype(np.int64)
+        if words > copied:  # a batch larger than one copy holds
+            out = np.concatenate([out, b["out"][copied:words].get().astype(np.int64)])
         return RowGroups(n, out[:reps], out[reps:n], out[n:])
 
 
