@@ -97,23 +97,30 @@ __device__ __forceinline__ void load_group_ids(const HeldLayer& L, int g, GroupI
   for (int q = 0; q < 4; ++q) ids.out[q] = __ldg(op + q);
 }
 
-// f(id, bias) for each used output slot of a group (16 slots, -1: unused).
+// f(id) for each used output slot of a group (16 slots, -1: unused); returns
+// whether there was one (the host pads the group count with empty groups).
 template <int D, class F>
-__device__ __forceinline__ void each_output(const HeldLayer& L, const GroupIds<D>& ids, F f) {
+__device__ __forceinline__ bool each_output(const GroupIds<D>& ids, F f) {
+  bool used = false;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int out[4] = {ids.out[q].x, ids.out[q].y, ids.out[q].z, ids.out[q].w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int id = out[e];
-      if (id >= 0) f(id, L.bias_v ? __ldg(L.bias_v + id) : L.bias_s);
+      if (id >= 0) {
+        f(id);
+        used = true;
+      }
     }
   }
+  return used;
 }
 
 // One group on this lane's 4 rows (xq: the rows' neuron 0 of the input tile): the
-// sum of layer_group_sum, then each used slot's epilogue stored at dst; returns
-// the rows' alive bits as bits of the tile.
+// sum of layer_group_sum, then each used slot's epilogue stored at dst (once for
+// all slots where the layer has one bias: the values are the same); returns the
+// rows' alive bits as bits of the tile.
 template <int D>
 __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>& ids,
                                           const float* xq, float* dst, int r4) {
@@ -122,9 +129,16 @@ __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>&
   const float4 acc = sum_rows4<D, B>(ids.in, xq, [](const float* p) {
     return __ldcg(reinterpret_cast<const float4*>(p));
   });
+  if (!L.bias_v) {  // one bias: every slot of the group holds the same values
+    const float4 y = activate4(acc, L.scale, L.bias_s, L.floor, L.clip);
+    const bool used = each_output<D>(ids, [&](int id) {
+      *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
+    });
+    return used ? alive4(y) << r4 : 0u;
+  }
   u32 alive = 0u;
-  each_output<D>(L, ids, [&](int id, float b) {
-    const float4 y = activate4(acc, L.scale, b, L.floor, L.clip);
+  each_output<D>(ids, [&](int id) {
+    const float4 y = activate4(acc, L.scale, __ldg(L.bias_v + id), L.floor, L.clip);
     *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
     alive |= alive4(y) << r4;
   });
@@ -222,8 +236,8 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
 }
 
 // One row held's sum of a group (the adds of layer_group_sum, in its order) and
-// each used slot's epilogue, features x and y in shared memory; whether an
-// output is nonzero.
+// each used slot's epilogue (once where the layer has one bias), features x and
+// y in shared memory; whether an output is nonzero.
 template <int D>
 __device__ __forceinline__ bool row_group(const HeldLayer& L, const GroupIds<D>& ids,
                                           const float* x, float* y) {
@@ -237,9 +251,13 @@ __device__ __forceinline__ bool row_group(const HeldLayer& L, const GroupIds<D>&
       acc += x[w[e] >> 16];
     }
   }
+  if (!L.bias_v) {  // one bias: every slot of the group holds the same value
+    const float v = activate(acc, L.scale, L.bias_s, L.floor, L.clip);
+    return each_output<D>(ids, [&](int id) { y[id] = v; }) && v != 0.0f;
+  }
   bool alive = false;
-  each_output<D>(L, ids, [&](int id, float b) {
-    const float v = activate(acc, L.scale, b, L.floor, L.clip);
+  each_output<D>(ids, [&](int id) {
+    const float v = activate(acc, L.scale, __ldg(L.bias_v + id), L.floor, L.clip);
     y[id] = v;
     alive |= v != 0.0f;
   });

@@ -36,7 +36,9 @@ _SUM_KERNEL = "layer_group_sum<"
 #: Widest layer (inputs or outputs) run one block a row held; wider ones run over the
 #: card. A converged layer (H100, compressed): one block a row 1.34 / 2.18 us at
 #: N = 1024 / 4096, over the card 3.02 / 3.07 us; at 16384 one block a row (two
-#: rows of 64 KB in its shared memory) 7.26 us against 3.23 over the card.
+#: rows of 64 KB in its shared memory) 7.26 us against 3.23 over the card. With one
+#: epilogue a group since: 0.70 / 1.63 us one block a row, 2.40 us over the card at
+#: 16384 (the other forms not measured again).
 ROW_MAX_WIDTH = 4096
 #: Kernel of each form: one block a row held, one block an SM.
 KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid"}
