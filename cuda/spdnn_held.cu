@@ -11,7 +11,10 @@
 //   so all are resident) walks the layers over the rows held (8, 16 or 32),
 //   with a barrier in global memory between two layers.
 // A layer's sums are those of layer_group_sum (the same adds in the same
-// order), so either form equals a launch a layer bit for bit.
+// order), so either form equals a launch a layer bit for bit. Inside a run, a
+// layer with one bias whose next layer has group ids of it (gidx_grp) stores
+// one value a group instead of the same value in its 16 slots, and the next
+// layer gathers those: a sixteenth of the stores, from a smaller array.
 #include "spdnn_layer.cuh"
 
 // One layer's arguments, in a device array indexed by layer (the host builds
@@ -27,7 +30,24 @@ struct HeldLayer {
   float bias_s;
   float floor;
   float clip;
+  // the input ids as groups of the layer before (held_group_inputs), where that
+  // layer has one bias and runs in the same form: a run's layer before it then
+  // stores one value a group, which this layer reads; null: ids of neurons
+  const u16* gidx_grp;
 };
+
+// The ids a layer of a run reads: groups of the layer before where it stored one
+// value a group (not the run's first layer, which reads the rows as they came).
+__device__ __forceinline__ const u16* run_inputs(const HeldLayer& L, bool first) {
+  return !first && L.gidx_grp ? L.gidx_grp : L.gidx;
+}
+
+// Whether a layer of a run stores one value a group: the next layer of the run
+// reads them so (and this layer has one bias: the host sets gidx_grp only then).
+__device__ __forceinline__ bool stores_groups(const HeldLayer& L, const HeldLayer& next,
+                                              bool last) {
+  return !last && next.gidx_grp && !L.bias_v;
+}
 
 // The grid's barrier, every block resident (a cooperative launch), in two
 // halves: no block passes wait() before every block reached arrive(), and the
@@ -73,10 +93,11 @@ __device__ __forceinline__ void prefetch_bytes(const void* p, i64 bytes, int thr
   }
 }
 
-// A layer's group ids, input and output, into L2.
+// A layer's group ids, input (``in``: its gidx or gidx_grp) and output, into L2.
 template <int D>
-__device__ __forceinline__ void prefetch_ids(const HeldLayer& L, int thread, int n_threads) {
-  prefetch_bytes(L.gidx, (i64)L.n_groups * D * 2, thread, n_threads);
+__device__ __forceinline__ void prefetch_ids(const HeldLayer& L, const u16* in, int thread,
+                                             int n_threads) {
+  prefetch_bytes(in, (i64)L.n_groups * D * 2, thread, n_threads);
   prefetch_bytes(L.gout, (i64)L.n_groups * 64, thread, n_threads);
 }
 
@@ -88,8 +109,9 @@ struct GroupIds {
 };
 
 template <int D>
-__device__ __forceinline__ void load_group_ids(const HeldLayer& L, int g, GroupIds<D>& ids) {
-  const uint4* ip = reinterpret_cast<const uint4*>(L.gidx) + (i64)g * (D / 8);
+__device__ __forceinline__ void load_group_ids(const HeldLayer& L, const u16* in, int g,
+                                               GroupIds<D>& ids) {
+  const uint4* ip = reinterpret_cast<const uint4*>(in) + (i64)g * (D / 8);
   const int4* op = reinterpret_cast<const int4*>(L.gout) + (i64)g * 4;
 #pragma unroll
   for (int q = 0; q < D / 8; ++q) ids.in[q] = __ldg(ip + q);
@@ -117,13 +139,15 @@ __device__ __forceinline__ bool each_output(const GroupIds<D>& ids, F f) {
   return used;
 }
 
-// One group on this lane's 4 rows (xq: the rows' neuron 0 of the input tile): the
+// One group g on this lane's 4 rows (xq: the rows' neuron 0 of the input tile): the
 // sum of layer_group_sum, then each used slot's epilogue stored at dst (once for
-// all slots where the layer has one bias: the values are the same); returns the
-// rows' alive bits as bits of the tile.
+// all slots where the layer has one bias: the values are the same), or with
+// ``grouped`` once at group g's place; returns the rows' alive bits as bits of the
+// tile.
 template <int D>
 __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>& ids,
-                                          const float* xq, float* dst, int r4) {
+                                          const float* xq, float* dst, int r4, int g,
+                                          bool grouped) {
   constexpr int B = D < SPDNN_HELD_BATCH ? D : SPDNN_HELD_BATCH;
   // the order and rounding of layer_group_sum; written by other blocks: through L2
   const float4 acc = sum_rows4<D, B>(ids.in, xq, [](const float* p) {
@@ -131,9 +155,15 @@ __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>&
   });
   if (!L.bias_v) {  // one bias: every slot of the group holds the same values
     const float4 y = activate4(acc, L.scale, L.bias_s, L.floor, L.clip);
-    const bool used = each_output<D>(ids, [&](int id) {
-      *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
-    });
+    bool used;
+    if (grouped) {
+      *reinterpret_cast<float4*>(dst + (i64)g * 32 + r4) = y;
+      used = each_output<D>(ids, [](int) {});
+    } else {
+      used = each_output<D>(ids, [&](int id) {
+        *reinterpret_cast<float4*>(dst + (i64)id * 32 + r4) = y;
+      });
+    }
     return used ? alive4(y) << r4 : 0u;
   }
   u32 alive = 0u;
@@ -176,12 +206,15 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
   const int n_threads = n_blocks * blockDim.x;
   if (threadIdx.x < 2) s_alive[threadIdx.x] = 0u;
   HeldLayer L = table[k0];
+  HeldLayer next = n_layers > 1 ? table[k0 + 1] : L;
   GroupIds<D> first;  // this warp's first group of layer k, loaded ahead
-  if (warp * gpw + gl < L.n_groups) load_group_ids<D>(L, warp * gpw + gl, first);
-  if (n_layers > 1) prefetch_ids<D>(table[k0 + 1], thread, n_threads);  // into L2
+  if (warp * gpw + gl < L.n_groups) load_group_ids<D>(L, L.gidx, warp * gpw + gl, first);
+  if (n_layers > 1) prefetch_ids<D>(next, run_inputs(next, false), thread, n_threads);  // L2
   __syncthreads();
   for (int j = 0; j < n_layers; ++j) {
     const int k = k0 + j;
+    const bool grouped = stores_groups(L, next, j + 1 == n_layers);
+    const u16* in = run_inputs(L, j == 0);
     u32* const other = masks + ((k + 1) & 1) * max_tiles;  // layer k - 1's bits
     u32 prev = 0u;
     if (lead && j > 0) prev = __ldcg(other);
@@ -193,11 +226,11 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
       const int g = s * gpw + gl;
       if (g >= L.n_groups) continue;
       if (s == warp) {
-        alive |= held_group<D>(L, first, src + r4, dst, r4);
+        alive |= held_group<D>(L, first, src + r4, dst, r4, g, grouped);
       } else {
         GroupIds<D> ids;
-        load_group_ids<D>(L, g, ids);
-        alive |= held_group<D>(L, ids, src + r4, dst, r4);
+        load_group_ids<D>(L, in, g, ids);
+        alive |= held_group<D>(L, ids, src + r4, dst, r4, g, grouped);
       }
     }
     alive = __reduce_or_sync(0xffffffffu, alive);
@@ -214,10 +247,13 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
     }
     bar.arrive();
     if (j + 1 < n_layers) {  // while waiting: the next layer's arguments and first ids
-      L = table[k + 1];
-      if (warp * gpw + gl < L.n_groups) load_group_ids<D>(L, warp * gpw + gl, first);
+      L = next;
+      if (j + 2 < n_layers) next = table[k + 2];
+      if (warp * gpw + gl < L.n_groups) {
+        load_group_ids<D>(L, run_inputs(L, false), warp * gpw + gl, first);
+      }
     }
-    if (j + 2 < n_layers) prefetch_ids<D>(table[k + 2], thread, n_threads);  // into L2
+    if (j + 2 < n_layers) prefetch_ids<D>(next, run_inputs(next, false), thread, n_threads);
     bar.wait();  // layer k is written everywhere: its outputs, its alive bits
     if (lead) stamps[k + 1] = global_ns();
     sel ^= 1;
@@ -235,12 +271,13 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
   bar.done();
 }
 
-// One row held's sum of a group (the adds of layer_group_sum, in its order) and
-// each used slot's epilogue (once where the layer has one bias), features x and
-// y in shared memory; whether an output is nonzero.
+// One row held's sum of group g (the adds of layer_group_sum, in its order) and
+// each used slot's epilogue (once where the layer has one bias; with ``grouped``
+// stored once, at y[g]), features x and y in shared memory; whether an output is
+// nonzero.
 template <int D>
 __device__ __forceinline__ bool row_group(const HeldLayer& L, const GroupIds<D>& ids,
-                                          const float* x, float* y) {
+                                          const float* x, float* y, int g, bool grouped) {
   float acc = 0.0f;
 #pragma unroll
   for (int q = 0; q < D / 8; ++q) {
@@ -253,6 +290,10 @@ __device__ __forceinline__ bool row_group(const HeldLayer& L, const GroupIds<D>&
   }
   if (!L.bias_v) {  // one bias: every slot of the group holds the same value
     const float v = activate(acc, L.scale, L.bias_s, L.floor, L.clip);
+    if (grouped) {
+      y[g] = v;
+      return each_output<D>(ids, [](int) {}) && v != 0.0f;
+    }
     return each_output<D>(ids, [&](int id) { y[id] = v; }) && v != 0.0f;
   }
   bool alive = false;
@@ -299,24 +340,27 @@ __global__ void __launch_bounds__(SPDNN_HELD_ROW_THREADS, 1)
     const int g0 = threadIdx.x;
     const int thread = r * blockDim.x + threadIdx.x, n_threads = gridDim.x * blockDim.x;
     GroupIds<D> ids;  // this thread's first group of layer k
-    if (g0 < L.n_groups) load_group_ids<D>(L, g0, ids);
-    if (n_layers > 1) prefetch_ids<D>(next, thread, n_threads);
+    if (g0 < L.n_groups) load_group_ids<D>(L, L.gidx, g0, ids);
+    if (n_layers > 1) prefetch_ids<D>(next, run_inputs(next, false), thread, n_threads);
     __syncthreads();
     u32 bits = 0u;  // thread 0: this row's alive bits of up to 32 layers
     for (int j = 0; j < n_layers; ++j) {
       const int k = k0 + j;
       GroupIds<D> ids_next;  // layer k + 1's, in flight while layer k computes
-      if (j + 1 < n_layers && g0 < next.n_groups) load_group_ids<D>(next, g0, ids_next);
-      if (j + 2 < n_layers) prefetch_ids<D>(after, thread, n_threads);
+      if (j + 1 < n_layers && g0 < next.n_groups) {
+        load_group_ids<D>(next, run_inputs(next, false), g0, ids_next);
+      }
+      if (j + 2 < n_layers) prefetch_ids<D>(after, run_inputs(after, false), thread, n_threads);
       const HeldLayer later = j + 3 < n_layers ? table[k + 3] : after;
+      const bool grouped = stores_groups(L, next, k == last);
       bool alive = false;
       for (int g = g0; g < L.n_groups; g += blockDim.x) {
         if (g == g0) {
-          alive |= row_group<D>(L, ids, x, y);
+          alive |= row_group<D>(L, ids, x, y, g, grouped);
         } else {
           GroupIds<D> more;
-          load_group_ids<D>(L, g, more);
-          alive |= row_group<D>(L, more, x, y);
+          load_group_ids<D>(L, run_inputs(L, j == 0), g, more);
+          alive |= row_group<D>(L, more, x, y, g, grouped);
         }
       }
       alive = __syncthreads_or(alive);
@@ -366,5 +410,34 @@ __global__ void __launch_bounds__(SPDNN_HELD_ROW_THREADS, 1)
     state[ST_DID_COMPACT] = 0;
     state[ST_DONE] = 0;
     __threadfence();
+  }
+}
+
+// The group ids the held forms read (HeldLayer::gidx_grp), made once when the
+// network is loaded, for the layers listed (blockIdx.y picks one, layers[i]) in
+// two launches: held_group_of notes, for each output of the layer before, the
+// group that computes it (owner, width u16 a listed layer); held_group_inputs
+// then writes each input id of the listed layer as that group.
+extern "C" __global__ void held_group_of(const HeldLayer* __restrict__ table,
+                                         const int* __restrict__ layers, int width, u16* owner) {
+  const HeldLayer P = table[layers[blockIdx.y] - 1];
+  u16* own = owner + (i64)blockIdx.y * width;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < P.n_groups * 16;
+       e += gridDim.x * blockDim.x) {
+    const int id = __ldg(P.gout + e);
+    if (id >= 0) own[id] = (u16)(e >> 4);
+  }
+}
+
+extern "C" __global__ void held_group_inputs(const HeldLayer* __restrict__ table,
+                                             const int* __restrict__ layers,
+                                             const int* __restrict__ entries, int width,
+                                             const u16* __restrict__ owner) {
+  const HeldLayer L = table[layers[blockIdx.y]];
+  const u16* own = owner + (i64)blockIdx.y * width;
+  u16* to = const_cast<u16*>(L.gidx_grp);
+  const int n = entries[blockIdx.y];
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+    to[e] = own[__ldg(L.gidx + e)];
   }
 }

@@ -418,3 +418,22 @@ def test_table_rows_point_at_each_layers_groups_and_carry_its_epilogue(backend_a
     assert rows[0]["scale"] == np.float32(plain.uniform_value) and rows[0]["clip"] == 32
     assert rows[1]["bias_v"] == entries[1].head[4].data.ptr
     assert rows[2]["gidx"] == 0  # not a shared-sum layer: never read
+
+
+def test_later_layers_of_a_run_read_the_groups_of_the_layer_before(backend_and_log):
+    """A held run's layer after one of its form with one bias reads its inputs as that
+    layer's groups (which then stores one value a group): their ids are made by two
+    launches when the network loads; after a layer with a bias vector, as neurons."""
+    backend, log = backend_and_log
+    rng = np.random.default_rng(5)
+    layers = [block_layer(rng, 256, 256, 16, values=False, min_group=16) for _ in range(4)]
+    layers[1].bias = np.full(256, -0.1, dtype=np.float32)  # a vector: layer 2 reads neurons
+    layers.append(block_layer(rng, 256, 256, 32, values=False, min_group=16))  # other degree
+    backend.load_network(layers)
+    assert backend.describe()["kernel_names"] == {"layer_group_sum<16>": 4,
+                                                  "layer_group_sum<32>": 1}
+    table = np.asarray(backend._network.held.table).view(held.HELD_LAYER_DTYPE)
+    assert [bool(p) for p in table["gidx_grp"]] == [False, True, False, True, False]
+    assert log.count("held_group_of") == 1 and log.count("held_group_inputs") == 1
+    # the ids of layers 1 and 3, back to back: as many as their groups hold
+    assert table["gidx_grp"][3] - table["gidx_grp"][1] == 2 * 16 * table["n_groups"][1]

@@ -7,6 +7,11 @@ memory, so blocks never wait for each other); wider ones over the card
 (``layers_held_grid``: one block an SM, a cooperative launch, a barrier between two
 layers).
 
+Inside a run, a layer whose next layer reads it stores one value a group where it
+has one bias (its 16 slots hold the same value), and that next layer reads its inputs
+as those groups' ids, made once at load (two launches for 128 layers): a sixteenth of
+the stores, and reads from a smaller array.
+
 Host logic: which layers qualify, the per-layer argument table, the runs of a piece.
 """
 
@@ -24,11 +29,11 @@ from spdnn_mpi.backends.cuda.launch import LayerLaunch
 #: ``HeldLayer`` of cuda/spdnn_held.cu, field for field (offsets and size included).
 HELD_LAYER_DTYPE = np.dtype({
     "names": ["gidx", "gout", "bias_v", "n_groups", "n_in", "n_out", "scale", "bias_s",
-              "floor", "clip"],
+              "floor", "clip", "gidx_grp"],
     "formats": [np.uint64, np.uint64, np.uint64, np.int32, np.int32, np.int32, np.float32,
-                np.float32, np.float32, np.float32],
-    "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44, 48],
-    "itemsize": 56,
+                np.float32, np.float32, np.float32, np.uint64],
+    "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44, 48, 56],
+    "itemsize": 64,
 })
 
 #: The shared-sum grouped kernel's name, up to its degree.
@@ -38,10 +43,16 @@ _SUM_KERNEL = "layer_group_sum<"
 #: N = 1024 / 4096, over the card 3.02 / 3.07 us; at 16384 one block a row (two
 #: rows of 64 KB in its shared memory) 7.26 us against 3.23 over the card. With one
 #: epilogue a group since: 0.70 / 1.63 us one block a row, 2.40 us over the card at
-#: 16384 (the other forms not measured again).
+#: 16384; with one value a group stored inside a run, 0.64 / 1.44 and 2.11-2.14 us
+#: (the other forms not measured again).
 ROW_MAX_WIDTH = 4096
 #: Kernel of each form: one block a row held, one block an SM.
 KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid"}
+#: Kernels that make the group ids a run's later layers read (``HeldLayers``).
+GROUP_INPUT_KERNELS = ("held_group_of", "held_group_inputs")
+#: Layers whose group ids one pair of those launches makes (their scratch: this many
+#: rows of the widest layer, 2 bytes an output).
+GROUP_INPUT_CHUNK = 128
 
 
 def supported(props: dict) -> bool:
@@ -86,6 +97,7 @@ class HeldLayers:
     def __init__(self, cp: Any, module: Any, entries: Sequence[LayerLaunch],
                  config: KernelConfig, n_sms: int) -> None:
         self._forms = [_form(e) for e in entries]
+        self._grouped_ids = None  # ids of groups the later layers of a run read
         self._groups = [0] * len(entries)  # groups of each shared-sum layer
         self._widths = [0] * len(entries)
         table = np.zeros(len(entries), dtype=HELD_LAYER_DTYPE)
@@ -97,14 +109,50 @@ class HeldLayers:
             n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
             self._widths[k] = max(int(n_in), int(n_out))
             table[k] = (_pointer(gidx), _pointer(gout), _pointer(bias_v), n_groups, n_in,
-                        n_out, scale, bias_s, floor, clip)
+                        n_out, scale, bias_s, floor, clip, 0)
+        grouped_inputs = self._group_inputs(cp, table)
         self.table = cp.asarray(table.view(np.uint8))
+        if grouped_inputs is not None:
+            self._make_group_inputs(cp, module, *grouped_inputs)
         # the row form's alive bits: a row's run of n layers takes ceil(n / 32) words
         self._live_bits = cp.zeros(32 * -(-len(entries) // 32), dtype=np.uint32)
         self._threads = {"row": config.held_row_threads, "grid": config.held_threads}
         self._n_sms = n_sms  # the grid form's blocks: one an SM, all resident
         self._kernels = {name: module.get_function(name)
                          for name in sorted({kernel_name(*f) for f in self._forms if f})}
+
+    def _group_inputs(self, cp: Any, table: np.ndarray):
+        """The layers that read their inputs as groups of the layer before inside a
+        run: the same form and degree as it, which has one bias, so it stores one
+        value a group (cuda/spdnn_held.cu). Their ids' array is allocated here and
+        named in ``table``; None if no layer qualifies."""
+        listed = [k for k in range(1, len(table))
+                  if self._forms[k] and self._forms[k] == self._forms[k - 1]
+                  and int(table[k - 1]["bias_v"]) == 0]
+        if not listed:
+            return None
+        counts = np.array([self._groups[k] * self._forms[k][0] for k in listed], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        self._grouped_ids = cp.empty(int(offsets[-1]), dtype=np.uint16)
+        base = _pointer(self._grouped_ids)
+        for k, offset in zip(listed, offsets):
+            table[k]["gidx_grp"] = base + 2 * int(offset)
+        width = max(int(table[k - 1]["n_out"]) for k in listed)
+        return listed, counts, width
+
+    def _make_group_inputs(self, cp: Any, module: Any, listed: list[int],
+                           counts: np.ndarray, width: int) -> None:
+        """Launch the kernels that write the ids ``_group_inputs`` allocated (on the
+        current stream, behind the layouts), a chunk of layers at a time."""
+        group_of, inputs = (module.get_function(name) for name in GROUP_INPUT_KERNELS)
+        owner = cp.empty(min(len(listed), GROUP_INPUT_CHUNK) * width, dtype=np.uint16)
+        for i in range(0, len(listed), GROUP_INPUT_CHUNK):
+            part = cp.asarray(np.asarray(listed[i:i + GROUP_INPUT_CHUNK], dtype=np.int32))
+            sizes = counts[i:i + GROUP_INPUT_CHUNK]
+            grid = (max(1, min(-(-int(sizes.max()) // 256), 32)), len(sizes))
+            group_of(grid, (256,), (self.table, part, np.int32(width), owner))
+            inputs(grid, (256,), (self.table, part, cp.asarray(sizes.astype(np.int32)),
+                                  np.int32(width), owner))
 
     def run_length(self, todo: Sequence[tuple[int, bool]], i: int) -> int:
         """How many entries of ``todo`` from ``i`` on are consecutive layers of one
