@@ -93,6 +93,16 @@ __device__ __forceinline__ void prefetch_bytes(const void* p, i64 bytes, int thr
   }
 }
 
+// The state block_plan would leave after a run's last layer: its outputs in buffer
+// sel, live rows alive, no compaction pending (one thread, at the end of a held form).
+__device__ __forceinline__ void held_run_end(int* state, int sel, int live) {
+  state[ST_SEL] = sel;
+  state[ST_NEW_ROWS] = live;
+  state[ST_DO_COMPACT] = 0;
+  state[ST_DID_COMPACT] = 0;
+  __threadfence();
+}
+
 // A layer's group ids, input (``in``: its gidx or gidx_grp) and output, into L2.
 template <int D>
 __device__ __forceinline__ void prefetch_ids(const HeldLayer& L, const u16* in, int thread,
@@ -262,11 +272,7 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
     const int last = k0 + n_layers - 1;
     const int live = __popc(__ldcg(masks + (last & 1) * max_tiles) & valid);
     live_hist[last] = live;
-    state[ST_SEL] = sel;
-    state[ST_NEW_ROWS] = live;
-    state[ST_DO_COMPACT] = 0;
-    state[ST_DID_COMPACT] = 0;
-    __threadfence();
+    held_run_end(state, sel, live);
   }
   bar.done();
 }
@@ -404,12 +410,8 @@ __global__ void __launch_bounds__(SPDNN_HELD_ROW_THREADS, 1)
     masks[((last + 1) & 1) * max_tiles] = 0u;  // as the layer after it expects
     masks[(last & 1) * max_tiles] = alive;
     stamps[last + 1] = global_ns();
-    state[ST_SEL] = (sel ^ n_layers) & 1;
-    state[ST_NEW_ROWS] = __popc(alive);
-    state[ST_DO_COMPACT] = 0;
-    state[ST_DID_COMPACT] = 0;
     state[ST_DONE] = 0;
-    __threadfence();
+    held_run_end(state, (sel ^ n_layers) & 1, __popc(alive));
   }
 }
 

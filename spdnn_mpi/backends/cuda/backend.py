@@ -110,7 +110,7 @@ class CudaBackend(Backend):
         net = build_network(self._cp, self._dev, self._stream, self.device_id, self._props,
                             self.variant, self.config, layers, progress)
         self._network = net
-        self._merger = DeviceMerge(self._cp, net.module, self.sms)
+        self._merger = DeviceMerge(self._cp, self._dev, net.module, self.sms)
         self._buffers.attach(net.module, len(net.layers), net.width)
         self._queue.attach(net.module, net.layers, net.held)
         self._track_peak()

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from spdnn_mpi.backends.cuda.readback import SINGLE_COPY_BYTES, PackedResults
 from spdnn_mpi.compression import RowGroups
 
 #: Kernels of cuda/spdnn_merge.cu, in the order they run.
@@ -22,40 +23,33 @@ MERGE_CHUNK = 256
 #: Entries of the hash table per row it may hold, rounded up to a power of two
 #: (half full at most: linear probing stays short).
 TABLE_LOAD = 2
-#: Words of the merge's result copied to the host behind it in one piece (a
-#: header and three positions' lists of up to 512 K held rows); a larger result's
-#: rest is read after the wait.
-COPY_WORDS = 1 << 20
 
 
 class DeviceMerge:
     """Kernels and scratch arrays of the merge for one device, grown as needed."""
 
-    def __init__(self, cp, module, sms: int) -> None:
+    def __init__(self, cp, device, module, sms: int) -> None:
         self._cp = cp
         self._k = {name: module.get_function(name) for name in MERGE_KERNELS}
         self._sms = sms
         self._cap = 0
         self._buf: dict[str, Any] = {}
-        self._host_ptr = 0
+        # the result (a header and three positions' lists) and its pinned host copy,
+        # in one piece up to SINGLE_COPY_BYTES; a larger result's rest is read after the wait
+        self._out = PackedResults(cp, device)
 
     def _buffers(self, cap: int) -> dict[str, Any]:
         cp = self._cp
         if cap > self._cap:
             cap = max(cap, 2 * self._cap)
             table = 1 << max(5, (TABLE_LOAD * cap - 1).bit_length())
-            words = min(2 * cap + 2, COPY_WORDS)
-            # page-locked, so the copy is queued behind the kernels (no cupyx: SciPy)
-            pinned = cp.cuda.alloc_pinned_memory(4 * words)
             self._buf = {"keys": cp.empty(cap, dtype=np.uint64),
                          "table_keys": cp.empty(table, dtype=np.uint64),
                          "table_min": cp.empty(table, dtype=np.int32),
                          "entry": cp.empty(cap, dtype=np.int32),
                          "owner": cp.empty(cap, dtype=np.int32),
                          "differs": cp.empty(-(-cap // 32), dtype=np.uint32),
-                         "out": cp.empty(2 * cap + 2, dtype=np.int32),
-                         "host": np.ndarray((words,), dtype=np.int32, buffer=pinned)}
-            self._host_ptr = self._buf["host"].ctypes.data  # read once: ctypes is slow
+                         "out": self._out.ensure(2 * cap + 2)}
             self._cap = cap
         return self._buf
 
@@ -87,12 +81,10 @@ class DeviceMerge:
         mk["plan_reps"]((1,), (512,), (ptrs, state, stamps, np.int32(k), b["out"]))
         mk["emit_groups"](slots, (256,), (ptrs, state, np.int32(k), b["owner"], b["out"]))
         compact()
-        host = b["host"]
-        copied = min(2 * cap + 2, host.size)
-        runtime = self._cp.cuda.runtime
-        runtime.memcpyAsync(self._host_ptr, b["out"].data.ptr, 4 * copied,
-                            runtime.memcpyDeviceToHost, stream.ptr)
+        copied = min(2 * cap + 2, SINGLE_COPY_BYTES // 4)
+        self._out.enqueue_copy(stream, copied)
         stream.synchronize()  # the one wait
+        host = self._out.copied(copied)
         n, reps = int(host[0]), int(host[1])
         if n == 0:
             return _no_rows()
