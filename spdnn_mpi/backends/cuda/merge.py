@@ -19,7 +19,7 @@ from spdnn_mpi.compression import RowGroups
 MERGE_KERNELS = ("merge_clear", "row_hashes", "hash_insert", "compare_heads", "mark_reps",
                  "plan_reps", "emit_groups")
 #: Neurons one warp hashes or compares (MERGE_CHUNK in the source).
-MERGE_CHUNK = 256
+MERGE_CHUNK = 64
 #: Entries of the hash table per row it may hold, rounded up to a power of two
 #: (half full at most: linear probing stays short).
 TABLE_LOAD = 2
