@@ -63,13 +63,21 @@ def is_checkpoint(layers_done: int) -> bool:
 
 class Compressor:
     """Cadence and bookkeeping of compression for one batch of ``n_rows`` rows; the
-    checks stop once the representatives fit in ``unit_rows`` (a backend's tile)."""
+    checks stop once the representatives fit in ``unit_rows`` (a backend's tile).
+
+    ``record`` only decides when to look next; the merges are folded into the maps
+    (row -> representative, images a representative stands for) by ``fold``, which
+    the engine calls while the device runs the batch's last layers: allocating and
+    folding the maps of 60000 rows is host work a check would otherwise wait on.
+    """
 
     def __init__(self, n_rows: int, unit_rows: int = 1) -> None:
+        self.n_rows = n_rows
         self.unit_rows = unit_rows
-        self.owner = np.arange(n_rows, dtype=np.int64)  # row -> the row it was merged into
-        self.weight = np.ones(n_rows, dtype=np.int64)  # representative -> images it stands for
-        self.events: list[CompressionEvent] = []
+        self._owner: np.ndarray | None = None  # row -> the row it was merged into
+        self._weight: np.ndarray | None = None  # representative -> images it stands for
+        self._recorded: list[tuple[int, RowGroups]] = []  # merges not folded yet
+        self._events: list[CompressionEvent] = []
         self._gap = 1
         self._next = 1
         self._done = False
@@ -84,26 +92,48 @@ class Compressor:
         return not self._done and layers_done >= self._next
 
     def record(self, layers_done: int, groups: RowGroups) -> None:
-        """Fold a backend's merge into the map and choose when to look next."""
-        members = np.asarray(groups.members, dtype=np.int64)
-        owners = np.asarray(groups.owners, dtype=np.int64)
-        if len(members):
-            np.add.at(self.weight, owners, self.weight[members])
-            self.owner[members] = owners
-        kept = np.asarray(groups.kept, dtype=np.int64)
-        self.events.append(CompressionEvent(layers_done, int(groups.rows_before), len(kept),
-                                            int(self.weight[kept].sum())))
+        """Note a backend's merge (``fold`` maps it) and choose when to look next."""
+        self._recorded.append((layers_done, groups))
         held = groups.rows_before
-        gain = 1.0 - len(kept) / held if held else 0.0
-        if len(kept) <= self.unit_rows:
+        kept = len(groups.kept)
+        gain = 1.0 - kept / held if held else 0.0
+        if kept <= self.unit_rows:
             self._done = True
         if gain < MIN_GAIN:
             self._gap = min(MAX_GAP, self._gap * 2)
         self._next = layers_done + self._gap
 
+    def fold(self) -> None:
+        """Fold the merges recorded so far into the maps, in the order they ran."""
+        if not self._recorded:
+            return
+        if self._owner is None:
+            self._owner = np.arange(self.n_rows, dtype=np.int64)
+            self._weight = np.ones(self.n_rows, dtype=np.int64)
+        owner, weight = self._owner, self._weight
+        for layers_done, groups in self._recorded:
+            members = np.asarray(groups.members, dtype=np.int64)
+            owners = np.asarray(groups.owners, dtype=np.int64)
+            if len(members):
+                np.add.at(weight, owners, weight[members])
+                owner[members] = owners
+            kept = np.asarray(groups.kept, dtype=np.int64)
+            self._events.append(CompressionEvent(layers_done, int(groups.rows_before),
+                                                 len(kept), int(weight[kept].sum())))
+        self._recorded = []
+
+    @property
+    def events(self) -> list[CompressionEvent]:
+        """The checks that ran, in order (folding what is recorded)."""
+        self.fold()
+        return self._events
+
     def roots(self) -> np.ndarray:
         """For every row of the batch, the representative whose results are its own."""
-        root = self.owner
+        self.fold()
+        if self._owner is None:
+            return np.arange(self.n_rows, dtype=np.int64)
+        root = self._owner
         while True:
             nxt = root[root]
             if np.array_equal(nxt, root):

@@ -118,9 +118,9 @@ def run_inference(
             if progress is not None and time.perf_counter() >= next_report:
                 progress(k + 1, n_layers, backend.live_count(), time.perf_counter() - t_start)
                 next_report = time.perf_counter() + progress_every
-        res = backend.finish(want_features)
-        alive_rows, batch_features = np.asarray(res.alive_rows, dtype=np.int64), res.features
         comp = checks.compressor if checks is not None else None
+        res = backend.finish(want_features, meanwhile=comp.fold if comp is not None else None)
+        alive_rows, batch_features = np.asarray(res.alive_rows, dtype=np.int64), res.features
         if checks is not None and plans is not None:
             plans.setdefault(key, checks.plan())
         if comp is not None:

@@ -138,6 +138,47 @@ def test_compressor_resolves_chains_and_weights():
     np.testing.assert_array_equal(rows, [4])
 
 
+def test_merges_are_folded_once_in_order_when_asked():
+    """``record`` only decides the cadence; ``fold`` (run by the engine while the device
+    works) maps the merges, each once, in the order they ran."""
+    c = Compressor(6, unit_rows=2)
+    c.record(1, RowGroups(6, np.array([0, 2, 4, 5]), np.array([1, 3]), np.array([0, 2])))
+    assert not c.done and c.due(2) and c._owner is None  # nothing folded or allocated yet
+    c.record(2, RowGroups(3, np.array([0, 4]), np.array([2]), np.array([0])))
+    assert c.done and not c.due(3)  # two representatives fit the unit
+    c.fold()
+    c.fold()
+    np.testing.assert_array_equal(c._weight[[0, 4]], [4, 1])
+    assert [(e.layer, e.rows, e.representatives, e.images) for e in c.events] == [
+        (1, 6, 4, 6), (2, 3, 2, 5)]
+    np.testing.assert_array_equal(Compressor(3).roots(), [0, 1, 2])
+
+
+def test_engine_folds_while_the_device_finishes(monkeypatch):
+    """The engine hands the fold to ``finish``; the report still lists every check."""
+    from spdnn_mpi.backends.cpu.backend import CpuBackend
+
+    rng = np.random.default_rng(6)
+    net = random_network(rng, [60] * 13, 0.2, bias="positive")
+    rows = duplicated_rows(rng, 100, 2, 60, binary=False)
+    backend = make_backend("cpu")
+    backend.check_min_layers_left = 8
+    backend.check_costs = CheckCosts()
+    backend.load_network(net.layers)
+    handed = []
+    finish = CpuBackend.finish
+
+    def spy(self, want_features, meanwhile=None):
+        handed.append(meanwhile)
+        return finish(self, want_features, meanwhile)
+
+    monkeypatch.setattr(CpuBackend, "finish", spy)
+    auto = run_inference(net, rows, backend, want_features=True, compress="auto")
+    assert len(handed) == 1 and handed[0].__name__ == "fold"
+    assert_same(run(net, rows, "cpu", "off"), auto)
+    assert [e["layer"] for e in auto.compression[0]] == [1, 2, 4]
+
+
 def test_hash_collisions_never_merge_different_rows(monkeypatch):
     """Every row hashes alike: only the exact comparison keeps the results right."""
     from spdnn_mpi.backends.cpu import kernels as cpu_kernels

@@ -70,8 +70,10 @@ class Backend(ABC):
         """Rows alive now (may synchronise)."""
 
     @abstractmethod
-    def finish(self, want_features: bool) -> BatchResult:
-        """Wait for the batch and return the surviving rows."""
+    def finish(self, want_features: bool,
+               meanwhile: Callable[[], None] | None = None) -> BatchResult:
+        """Wait for the batch and return the surviving rows. ``meanwhile``: host work
+        to do while the device runs what is queued (a synchronous backend runs it first)."""
 
     def prepare_kernels(self, layers: Sequence[Layer]) -> None:  # noqa: B027 - a default
         """Compile (or load from a disk cache) the kernels these layers need, before

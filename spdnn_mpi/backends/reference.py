@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -57,7 +57,10 @@ class ReferenceBackend(Backend):
     def live_count(self) -> int:
         return self._live[-1] if self._live else len(self._pos)
 
-    def finish(self, want_features: bool) -> BatchResult:
+    def finish(self, want_features: bool,
+               meanwhile: Callable[[], None] | None = None) -> BatchResult:
+        if meanwhile is not None:
+            meanwhile()
         alive = self._y.any(axis=1)
         return BatchResult(
             self._pos[alive], self._live, None, self._y[alive] if want_features else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -162,7 +162,10 @@ class CpuBackend(Backend):
     def live_count(self) -> int:
         return self._live[-1] if self._live else self._n_active
 
-    def finish(self, want_features: bool) -> BatchResult:
+    def finish(self, want_features: bool,
+               meanwhile: Callable[[], None] | None = None) -> BatchResult:
+        if meanwhile is not None:
+            meanwhile()
         if self._live:
             slots = np.flatnonzero(self._alive[: self._n_active])
         else:  # no layers: a row is alive when its input is nonzero

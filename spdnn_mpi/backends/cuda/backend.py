@@ -8,7 +8,7 @@ imported lazily; building a ``CudaBackend`` without it raises ``SpdnnError``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
@@ -175,13 +175,15 @@ class CudaBackend(Backend):
             return int(self._buffers.state[ST_ROWS].get())
         return int(self._buffers.live_hist[self._layers_run - 1].get())
 
-    def finish(self, want_features: bool) -> BatchResult:
-        """Wait for the batch; read back the survivors' positions (and features) in one
-        packed copy that follows the last layers in their graph (``readback``)."""
+    def finish(self, want_features: bool,
+               meanwhile: Callable[[], None] | None = None) -> BatchResult:
+        """Wait for the batch (running ``meanwhile`` once it is launched); read back the
+        survivors' positions (and features) in one packed copy that follows the last
+        layers in their graph (``readback``)."""
         n_run = self._layers_run
         width = self._queue.layers[n_run - 1].n_out if n_run else self._buffers.in_width
         allocations = self._results.allocations
-        data = self._queue.finish(n_run, width, want_features)
+        data = self._queue.finish(n_run, width, want_features, meanwhile)
         state, live, stamps, pos, features = unpack_results(
             data, n_run, width, want_features, ordered=not self._queue.merging)
         self._compactions = int(state[ST_COMPACTIONS])

@@ -6,6 +6,7 @@ them; the gather that ends a batch. Host logic, tested with fakes on any machine
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -115,9 +116,10 @@ class LayerQueue:
         with self._device, self._stream:
             self._run_piece(todo, self.held, gather)
 
-    def finish(self, n_run: int, width: int, want_features: bool) -> np.ndarray:
+    def finish(self, n_run: int, width: int, want_features: bool,
+               meanwhile: Callable[[], None] | None = None) -> np.ndarray:
         """Launch what is queued, then ``gather_results`` and the copy of its packed
-        array (``readback``); wait and return the array on the host."""
+        array (``readback``); run ``meanwhile``, wait and return the array on the host."""
         b, results = self._buffers, self._results
         read = results.prepare(n_run, width, want_features, b.loaded_rows)
         blocks = max(1, min(-(-max(b.loaded_rows, read.head) // 256), self._sms * 8))
@@ -126,6 +128,8 @@ class LayerQueue:
         self.flush(gather=(blocks, (b.ptrs, b.state, b.live_hist, b.stamps, np.int32(n_run),
                                     np.int32(width), np.int32(want_features), results.device),
                            tail, read.copy))
+        if meanwhile is not None:
+            meanwhile()
         return results.fetch(self._stream, read)
 
     def _key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
