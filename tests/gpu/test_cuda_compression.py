@@ -71,12 +71,18 @@ def test_duplicated_inputs(variant, batch):
     assert any(e["representatives"] < e["rows"] for b in auto.compression for e in b)
 
 
+@pytest.mark.parametrize("ahead", [None, 64])
 @pytest.mark.parametrize("width", [96, 300])
-def test_merge_groups_equal_the_reference_backends(width):
+def test_merge_groups_equal_the_reference_backends(width, ahead, monkeypatch):
     """The device's groups (heads from its hash table) are ``np.unique``'s: the same
     kept rows, members and owners, over several tiles and two neuron chunks, for a
-    merge that finds duplicates and a later one on the representatives."""
+    merge that finds duplicates and a later one on the representatives. ``ahead``:
+    a copy ahead shorter than the result, whose rest is read after the wait."""
+    from spdnn_mpi.backends.cuda import merge
     from spdnn_mpi.backends.reference import ReferenceBackend
+
+    if ahead is not None:
+        monkeypatch.setattr(merge, "AHEAD_WORDS", ahead)
 
     rng = np.random.default_rng(21)
     net = random_network(rng, [width] * 4, 0.2, bias="vector")

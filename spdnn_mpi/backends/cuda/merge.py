@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from spdnn_mpi.backends.cuda.readback import SINGLE_COPY_BYTES, PackedResults
+from spdnn_mpi.backends.cuda.readback import PackedResults
 from spdnn_mpi.compression import RowGroups
 
 #: Kernels of cuda/spdnn_merge.cu, in the order they run.
@@ -20,6 +20,11 @@ MERGE_KERNELS = ("merge_clear", "row_hashes", "hash_insert", "compare_heads", "m
                  "plan_reps", "emit_groups")
 #: Neurons one warp hashes or compares (MERGE_CHUNK in the source).
 MERGE_CHUNK = 64
+#: Words of the result copied to the host behind the check, before the one wait: a
+#: check's positions up to about 8000 held rows. The result's size is known on the
+#: device only; a larger one's rest is read after the wait (copying a whole batch's
+#: bound, 480 KB at 60000 rows, cost every check its transfer).
+AHEAD_WORDS = 1 << 14
 #: Entries of the hash table per row it may hold, rounded up to a power of two
 #: (half full at most: linear probing stays short).
 TABLE_LOAD = 2
@@ -35,7 +40,7 @@ class DeviceMerge:
         self._cap = 0
         self._buf: dict[str, Any] = {}
         # the result (a header and three positions' lists) and its pinned host copy,
-        # in one piece up to SINGLE_COPY_BYTES; a larger result's rest is read after the wait
+        # up to AHEAD_WORDS queued behind the check; a larger result's rest is read after the wait
         self._out = PackedResults(cp, device)
 
     def _buffers(self, cap: int) -> dict[str, Any]:
@@ -81,7 +86,7 @@ class DeviceMerge:
         mk["plan_reps"]((1,), (512,), (ptrs, state, stamps, np.int32(k), b["out"]))
         mk["emit_groups"](slots, (256,), (ptrs, state, np.int32(k), b["owner"], b["out"]))
         compact()
-        copied = min(2 * cap + 2, SINGLE_COPY_BYTES // 4)
+        copied = min(2 * cap + 2, AHEAD_WORDS)
         self._out.enqueue_copy(stream, copied)
         stream.synchronize()  # the one wait
         host = self._out.copied(copied)
@@ -90,7 +95,7 @@ class DeviceMerge:
             return _no_rows()
         words = 2 * n + 2 - reps
         out = host[2:min(words, copied)].astype(np.int64)
-        if words > copied:  # a batch larger than one copy holds
+        if words > copied:  # more than the copy ahead held
             out = np.concatenate([out, b["out"][copied:words].get().astype(np.int64)])
         return RowGroups(n, out[:reps], out[reps:n], out[n:])
 
