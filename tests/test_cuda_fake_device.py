@@ -245,7 +245,15 @@ def test_a_batch_launches_its_layers_once_captured_then_as_one_graph(backend_and
     assert backend.max_batch_rows(1024) >= 32
 
 
-def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_log):
+@pytest.mark.parametrize("ahead", [16, None])
+def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_log,
+                                                                   monkeypatch, ahead):
+    """``ahead``: a copy ahead shorter than the merge's positions, whose rest is read
+    from the device after the wait, in order."""
+    from spdnn_mpi.backends.cuda import merge
+
+    if ahead is not None:
+        monkeypatch.setattr(merge, "AHEAD_WORDS", ahead)
     backend, log = backend_and_log
     rng = np.random.default_rng(1)
     net = _network(rng)
@@ -257,6 +265,8 @@ def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_l
     log.clear()
     groups = backend.merge_duplicate_rows()  # the fake's kernels keep no row
     assert groups.rows_before == 50 and groups.representatives == 0
+    np.testing.assert_array_equal(groups.members, np.arange(50))
+    np.testing.assert_array_equal(groups.owners, np.arange(50, 100))
     assert log == ["capture(", "layer_group_sum<16>", "compact_rows",
                    "layer_csr<true,true,int>", ")", "graph", "compact_rows", "merge_clear",
                    "row_hashes", "hash_insert", "compare_heads", "mark_reps", "plan_reps",
@@ -270,30 +280,6 @@ def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_l
                    "capture(", "layer_ell_smem<16,32,true>", ")",
                    "capture(", "layer_ell_smem<16,16,true>", ")", "graph"]
     assert backend.live_count() == 0
-
-
-@pytest.mark.parametrize("ahead", [16, None])
-def test_a_merge_result_past_the_copy_ahead_is_read_after_the_wait(backend_and_log,
-                                                                   monkeypatch, ahead):
-    """The merge's positions come in the copy queued behind it up to AHEAD_WORDS;
-    a longer result's rest is read from the device after the wait, in order."""
-    from spdnn_mpi.backends.cuda import merge
-
-    if ahead is not None:
-        monkeypatch.setattr(merge, "AHEAD_WORDS", ahead)
-    backend, log = backend_and_log
-    rng = np.random.default_rng(1)
-    net = _network(rng)
-    rows = SparseRows.from_dense((rng.random((50, 300)) < 0.2).astype(np.float32))
-    backend.load_network(net.layers)
-    backend.load_features(rows, drop_empty=True)
-    backend.run_layer(0, drop_dead=True)
-    log.clear()
-    groups = backend.merge_duplicate_rows()
-    assert groups.rows_before == 50 and groups.representatives == 0
-    np.testing.assert_array_equal(groups.members, np.arange(50))
-    np.testing.assert_array_equal(groups.owners, np.arange(50, 100))
-    assert log.count("copy") == 1 and log[-1] == "copy"
 
 
 def _held_after_a_merge(backend, log, rows, n_layers):
