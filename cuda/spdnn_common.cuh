@@ -119,33 +119,34 @@ __device__ __forceinline__ bool last_block_done(int* state) {
   return s_last;
 }
 
-// Run by all threads of one block: exclusive prefix of v over the block's
-// threads in thread order; the block's total in total.
-__device__ __forceinline__ int block_exclusive_scan(int v, int& total) {
-  __shared__ int s_warp[32];
+// Run by all threads of one block: inclusive scan of v over the block's threads
+// in thread order, a sum or (MAX) a maximum; sh holds 32 ints of shared memory,
+// free again on return. total (if given) gets the whole block's result.
+template <bool MAX = false>
+__device__ __forceinline__ int block_scan(int v, int* sh, int* total = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  int x = v;
+  const int none = MAX ? -0x7fffffff - 1 : 0;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
+    const int t = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v = MAX ? max(v, t) : v + t;
   }
-  if (lane == 31) s_warp[warp] = x;
+  if (lane == 31) sh[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < nwarps ? s_warp[lane] : 0;
+    int w = lane < nwarps ? sh[lane] : none;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
+      const int t = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w = MAX ? max(w, t) : w + t;
     }
-    s_warp[lane] = w;
+    sh[lane] = w;
   }
   __syncthreads();
-  const int pre = x - v + (warp ? s_warp[warp - 1] : 0);
-  total = s_warp[nwarps - 1];
-  __syncthreads();
-  return pre;
+  if (warp > 0) v = MAX ? max(v, sh[warp - 1]) : v + sh[warp - 1];
+  if (total) *total = sh[nwarps - 1];
+  __syncthreads();  // sh is reused by the next scan
+  return v;
 }
 
 // Run by all threads of one block: exclusive prefix over tiles of the rows
@@ -156,6 +157,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int& total) {
 template <int ALIGN>
 __device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int n_tiles,
                            int n_rows) {
+  __shared__ int s_scan[32];
   int carry = 0;
   for (int base = 0; base < n_tiles; base += blockDim.x) {
     const int t = base + threadIdx.x;
@@ -166,7 +168,7 @@ __device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int 
       if (next_mask) next_mask[t] = 0u;
     }
     int total;
-    const int pre = block_exclusive_scan(c, total);
+    const int pre = block_scan(c, s_scan, &total) - c;
     if (t < n_tiles) tile_base[t] = carry + pre;
     carry += total;
   }

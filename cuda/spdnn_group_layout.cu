@@ -24,31 +24,6 @@ extern "C" __global__ void __launch_bounds__(256)
   }
 }
 
-// Inclusive scan over the block (GL_WALK_THREADS threads): max where MAX, else sum.
-template <bool MAX>
-__device__ __forceinline__ int block_scan(int v, int* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  constexpr int warps = GL_WALK_THREADS / 32;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v = MAX ? max(v, t) : v + t;
-  }
-  if (lane == 31) sh[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int w = lane < warps ? sh[lane] : (MAX ? -1 : 0);
-    for (int o = 1; o < 32; o <<= 1) {
-      const int t = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w = MAX ? max(w, t) : w + t;
-    }
-    if (lane < warps) sh[lane] = w;
-  }
-  __syncthreads();
-  if (warp > 0) v = MAX ? max(v, sh[warp - 1]) : v + sh[warp - 1];
-  __syncthreads();  // sh is reused by the next scan
-  return v;
-}
-
 __device__ __forceinline__ bool rows_differ(const u64* a, const u64* b, int row_words) {
   for (int c = 0; c < row_words; ++c)
     if (a[c] != b[c]) return true;
@@ -65,7 +40,7 @@ __device__ void group_walk(const u16* __restrict__ rows, const i64* __restrict__
                            int n_out, int d, int* used, const i64* __restrict__ first_group,
                            int* out_ids, u16* indices, const float* __restrict__ vals,
                            float* weights) {
-  __shared__ int sh[GL_WALK_THREADS / 32];
+  __shared__ int sh[32];
   __shared__ int carry[2];  // last run start, groups opened so far
   const int layer = blockIdx.x, row_words = d / 4;
   const i64 base = (i64)layer * n_out;
