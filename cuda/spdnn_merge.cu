@@ -47,24 +47,32 @@ extern "C" __global__ void merge_clear(int cap, int table_size, u64* keys, u32* 
   }
 }
 
+// body(t, c, i0, i1, n_rows) once per (tile t, chunk c of neurons [i0, i1)) of the
+// held rows, one warp per unit: the loop of row_hashes and compare_heads.
+template <typename Body>
+__device__ __forceinline__ void for_tile_chunks(const int* state, int width, Body body) {
+  const int n_rows = ld_state(state, ST_ROWS);
+  const int n_tiles = (n_rows + 31) / 32;
+  const int n_chunks = (width + MERGE_CHUNK - 1) / MERGE_CHUNK;
+  const i64 nw = (i64)(blockDim.x >> 5) * gridDim.x;
+  for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       w < (i64)n_tiles * n_chunks; w += nw) {
+    const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
+    body(t, c, c * MERGE_CHUNK, min(width, (c + 1) * MERGE_CHUNK), n_rows);
+  }
+}
+
 // keys[s] += mix(FNV-1a of the 32-bit words of slot s over one chunk, chunk).
 // One warp per (tile, chunk); keys must be zero on entry.
 extern "C" __global__ void __launch_bounds__(256)
     row_hashes(const i64* ptrs, const int* state, int width, u64* keys) {
   const u32* buf = reinterpret_cast<const u32*>(current_features(ptrs, state));
   const i64 tstride = ptrs[P_TSTRIDE];
-  const int n_rows = ld_state(state, ST_ROWS);
-  const int n_tiles = (n_rows + 31) / 32;
-  const int n_chunks = (width + MERGE_CHUNK - 1) / MERGE_CHUNK;
   const int lane = threadIdx.x & 31;
-  const i64 nw = (i64)(blockDim.x >> 5) * gridDim.x;
-  for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-       w < (i64)n_tiles * n_chunks; w += nw) {
-    const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
+  for_tile_chunks(state, width, [&](int t, int c, int i0, int i1, int n_rows) {
     const u32* row = buf + t * tstride + lane;
-    const int i1 = min(width, (c + 1) * MERGE_CHUNK);
     u64 h = FNV_OFFSET;
-    for (int i = c * MERGE_CHUNK; i < i1; i += MERGE_LOADS) {
+    for (int i = i0; i < i1; i += MERGE_LOADS) {
       u32 v[MERGE_LOADS];
 #pragma unroll
       for (int q = 0; q < MERGE_LOADS; ++q) v[q] = i + q < i1 ? __ldcg(row + (i64)(i + q) * 32) : 0u;
@@ -76,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int s = t * 32 + lane;
     const u64 mixed = SPDNN_MERGE_COLLIDE ? 0ull : splitmix64(h ^ (u64)c * 0x9e3779b97f4a7c15ull);
     if (s < n_rows) atomicAdd(keys + s, mixed);
-  }
+  });
 }
 
 // Inserts each held slot's hash into a table of 2^log_size entries (linear
@@ -113,23 +121,16 @@ extern "C" __global__ void __launch_bounds__(256)
                   const int* entry, u32* differs) {
   const u32* buf = reinterpret_cast<const u32*>(current_features(ptrs, state));
   const i64 tstride = ptrs[P_TSTRIDE];
-  const int n_rows = ld_state(state, ST_ROWS);
-  const int n_tiles = (n_rows + 31) / 32;
-  const int n_chunks = (width + MERGE_CHUNK - 1) / MERGE_CHUNK;
   const int lane = threadIdx.x & 31;
-  const i64 nw = (i64)(blockDim.x >> 5) * gridDim.x;
-  for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-       w < (i64)n_tiles * n_chunks; w += nw) {
-    const int t = (int)(w / n_chunks), c = (int)(w - (i64)t * n_chunks);
+  for_tile_chunks(state, width, [&](int t, int c, int i0, int i1, int n_rows) {
     const int s = t * 32 + lane;
     const int h = s < n_rows ? head_of(table_min, entry, s) : s;
-    if (!__any_sync(0xffffffffu, h != s)) continue;
+    if (!__any_sync(0xffffffffu, h != s)) return;
     const u32* mine = buf + t * tstride + lane;
     const u32* theirs = buf + (i64)(h >> 5) * tstride + (h & 31);
-    const int i1 = min(width, (c + 1) * MERGE_CHUNK);
     bool differ = false;
     if (h != s) {
-      for (int i = c * MERGE_CHUNK; i < i1; i += MERGE_LOADS) {
+      for (int i = i0; i < i1; i += MERGE_LOADS) {
         u32 a[MERGE_LOADS], b[MERGE_LOADS];
 #pragma unroll
         for (int q = 0; q < MERGE_LOADS; ++q) {
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     const u32 bits = __ballot_sync(0xffffffffu, differ);
     if (lane == 0 && bits) atomicOr(differs + t, bits);
-  }
+  });
 }
 
 // One thread per slot: representatives (first of a run, or not equal to it)
