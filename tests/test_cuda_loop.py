@@ -237,6 +237,22 @@ def test_packed_results_copy_in_one_piece_or_head_then_survivors(monkeypatch, ro
     assert packed.copy_key(upper) != key
 
 
+def test_packed_results_pin_only_what_one_copy_reads():
+    """A caller that copies at most ``host_words`` ahead (the merge) gets a pinned
+    buffer of that size, not one as long as the device array."""
+    from spdnn_mpi.backends.cuda import readback as rb
+
+    fake_cp = types.SimpleNamespace(
+        empty=lambda words, dtype: _FakeDeviceArray(np.zeros(words, dtype=dtype), []),
+        cuda=types.SimpleNamespace(alloc_pinned_memory=bytearray))
+    bounded = rb.PackedResults(fake_cp, contextlib.nullcontext())
+    assert bounded.ensure(120_002, 16384).size == 120_002
+    assert bounded._host.size == 16384
+    whole = rb.PackedResults(fake_cp, contextlib.nullcontext())
+    whole.ensure(120_002)
+    assert whole._host.size == 120_002
+
+
 def test_host_mirrors_of_the_device_state_and_pointer_table_match_the_kernels():
     """The state slots and the pointer table's size the host reads or fills are the
     #defines of cuda/spdnn_common.cuh (a slot moved on one side only would read the

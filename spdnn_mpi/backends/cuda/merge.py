@@ -54,7 +54,7 @@ class DeviceMerge:
                          "entry": cp.empty(cap, dtype=np.int32),
                          "owner": cp.empty(cap, dtype=np.int32),
                          "differs": cp.empty(-(-cap // 32), dtype=np.uint32),
-                         "out": self._out.ensure(2 * cap + 2)}
+                         "out": self._out.ensure(2 * cap + 2, AHEAD_WORDS)}
             self._cap = cap
         return self._buf
 

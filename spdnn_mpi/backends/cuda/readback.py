@@ -72,14 +72,15 @@ class PackedResults:
         self._device_ptr = self._host_ptr = 0  # their addresses (read once: ctypes is slow)
         self.allocations = 0  # device or host buffers allocated so far
 
-    def ensure(self, words: int) -> Any:
-        """The device array, at least ``words`` long (a new one changes its address)."""
+    def ensure(self, words: int, host_words: int = SINGLE_COPY_BYTES // 4) -> Any:
+        """The device array, at least ``words`` long (a new one changes its address),
+        and a pinned host copy of its first ``host_words`` at most (what one copy reads)."""
         if self.device is None or self.device.size < words:
             with self._device:
                 self.device = self._cp.empty(words, dtype=np.int32)
             self._device_ptr = self.device.data.ptr
             self.allocations += 1
-        host_words = min(words, SINGLE_COPY_BYTES // 4)
+        host_words = min(words, host_words, SINGLE_COPY_BYTES // 4)
         if self._host is None or self._host.size < host_words:
             # page-locked memory straight from CuPy's allocator: cupyx.empty_pinned would
             # import cupyx, whose import pulls in SciPy (0.3 s of a cached run, H100)
