@@ -122,3 +122,29 @@ def test_every_kernel_is_cached_on_disk(module):
     assert kernels
     for kernel in kernels:
         assert kernel._cache.__class__.__name__ == "FunctionCache", kernel.__name__
+
+
+BLAS_PROBE_CHECK = r"""
+import sys
+from spdnn_mpi.formats.tsv import kernels  # configures the cache, imports numba
+print("scipy.linalg" in sys.modules)
+import numba.np.arraymath as arraymath
+import scipy.linalg
+print(arraymath._HAVE_BLAS, scipy.linalg.cython_blas.__name__)
+"""
+
+
+def test_loading_the_kernels_skips_numbas_blas_probe():
+    """The kernels' process does not import scipy.linalg for numba's BLAS probe (0.10 s),
+    and scipy.linalg still imports normally afterwards."""
+    out = subprocess.run([sys.executable, "-c", BLAS_PROBE_CHECK], cwd=REPO, text=True,
+                         capture_output=True, check=True).stdout.split()
+    assert out == ["False", "False", "scipy.linalg.cython_blas"]
+
+
+def test_blas_probe_left_alone_where_scipys_blas_is_loaded():
+    """With SciPy's BLAS imported first, numba sees it as usual."""
+    code = "import scipy.linalg.cython_blas\n" + BLAS_PROBE_CHECK
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                         capture_output=True, check=True).stdout.split()
+    assert out == ["True", "True", "scipy.linalg.cython_blas"]

@@ -8,8 +8,12 @@ cache files into place, so many ranks may fill one cache at once.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+#: The module numba imports once, to learn whether ``np.dot`` can call a BLAS.
+BLAS_PROBE = "scipy.linalg.cython_blas"
 
 
 def _writable_dir(path: Path) -> bool:
@@ -33,10 +37,29 @@ def default_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"spdnn_mpi-numba-{os.getuid()}"
 
 
+def skip_blas_probe() -> None:
+    """Import numba's array functions without their probe for a BLAS.
+
+    The probe imports ``scipy.linalg`` (0.10 s of each process that loads our kernels,
+    which call no BLAS); made to fail, it leaves ``np.dot`` and ``np.linalg`` out of
+    njit code. Nothing changes where numba's array functions or SciPy's BLAS are
+    already imported, and ``scipy.linalg`` imports normally afterwards.
+    """
+    if "numba.np.arraymath" in sys.modules or BLAS_PROBE in sys.modules:
+        return
+    sys.modules[BLAS_PROBE] = None  # an import of it now raises ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401 - imported for its one-time probe
+    finally:
+        del sys.modules[BLAS_PROBE]
+
+
 def configure(module_file: str) -> str:
     """Make numba able to cache the kernels of ``module_file``; returns the cache folder.
     Call before the module's ``@njit(cache=True)`` functions are defined."""
     from numba.core import config
+
+    skip_blas_probe()
 
     if os.environ.get("NUMBA_CACHE_DIR"):
         return config.CACHE_DIR or os.environ["NUMBA_CACHE_DIR"]
