@@ -25,6 +25,14 @@
 #define FNV_OFFSET 0xcbf29ce484222325ull
 #define FNV_PRIME 0x100000001b3ull
 
+// Words i .. i + MERGE_LOADS - 1 of a row (a neuron every 32 words, through L2),
+// all loads issued before any is used; past i1: 0.
+__device__ __forceinline__ void load_words(u32 (&v)[MERGE_LOADS], const u32* row, int i,
+                                           int i1) {
+#pragma unroll
+  for (int q = 0; q < MERGE_LOADS; ++q) v[q] = i + q < i1 ? __ldcg(row + (i64)(i + q) * 32) : 0u;
+}
+
 __device__ __forceinline__ u64 splitmix64(u64 x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -74,8 +82,7 @@ extern "C" __global__ void __launch_bounds__(256)
     u64 h = FNV_OFFSET;
     for (int i = i0; i < i1; i += MERGE_LOADS) {
       u32 v[MERGE_LOADS];
-#pragma unroll
-      for (int q = 0; q < MERGE_LOADS; ++q) v[q] = i + q < i1 ? __ldcg(row + (i64)(i + q) * 32) : 0u;
+      load_words(v, row, i, i1);
 #pragma unroll
       for (int q = 0; q < MERGE_LOADS; ++q) {
         if (i + q < i1) h = (h ^ v[q]) * FNV_PRIME;
@@ -131,13 +138,9 @@ extern "C" __global__ void __launch_bounds__(256)
     bool differ = false;
     if (h != s) {
       for (int i = i0; i < i1; i += MERGE_LOADS) {
-        u32 a[MERGE_LOADS], b[MERGE_LOADS];
-#pragma unroll
-        for (int q = 0; q < MERGE_LOADS; ++q) {
-          const bool in = i + q < i1;
-          a[q] = in ? __ldcg(mine + (i64)(i + q) * 32) : 0u;
-          b[q] = in ? __ldcg(theirs + (i64)(i + q) * 32) : 0u;
-        }
+        u32 a[MERGE_LOADS], b[MERGE_LOADS];  // past i1 both 0: no difference
+        load_words(a, mine, i, i1);
+        load_words(b, theirs, i, i1);
 #pragma unroll
         for (int q = 0; q < MERGE_LOADS; ++q) differ |= a[q] != b[q];
       }
