@@ -191,7 +191,6 @@ class CudaBackend(Backend):
         layer_seconds = None
         if n_run and 0 not in stamps:
             layer_seconds = [(b - a) * 1e-9 for a, b in zip(stamps, stamps[1:])]
-        self._buffers.drop_inputs()
         if self._results.allocations != allocations:
             self._track_peak()
         return BatchResult(pos, live, layer_seconds, features)

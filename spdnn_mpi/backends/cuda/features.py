@@ -38,7 +38,7 @@ class FeatureBuffers:
         self.loaded_rows = 0  # rows of the batch (empty ones dropped if asked)
         self._scatter: dict[str, Any] = {}  # scatter_rows by index type
         self._stamp = None  # the stamp kernel (layer 0's timestamp)
-        self._inputs: tuple | None = None  # the batch's rows on the device, until scattered
+        self._inputs: tuple | None = None  # the batch's rows on the device, until the next load
 
     def attach(self, module: Any, n_layers: int, width: int) -> None:
         """Take the kernels of ``module`` and size the state for ``n_layers`` layers at
@@ -86,6 +86,9 @@ class FeatureBuffers:
         """Scatter ``rows`` (empty ones dropped if ``drop_empty``) into zeroed tiles
         (one kernel), reset the state to them and stamp the start; asynchronous."""
         cp = self._cp
+        # the last batch's rows go here, not when it finished: freeing four arrays is
+        # a few microseconds of a small batch's timed part
+        self._inputs = None
         counts = np.diff(rows.indptr)
         rowsel = np.flatnonzero(counts > 0) if drop_empty else np.arange(rows.n_rows)
         n = len(rowsel)
@@ -117,10 +120,6 @@ class FeatureBuffers:
             self.state.set(state, stream=self._stream)
             self._stamp((1,), (32,), (self.stamps, np.int32(0)))
         self._track_peak()
-
-    def drop_inputs(self) -> None:
-        """Let the batch's input rows go (the batch has run)."""
-        self._inputs = None
 
     def held_bytes(self) -> int:
         """Device bytes of the two feature buffers now allocated."""
