@@ -16,7 +16,7 @@ import pytest
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 #: The tools kept (maintained and documented); a new script belongs here with a test.
 KEPT = {"compare_bench.py", "compile_kernels.sh", "device_run.sh", "fetch_challenge.sh",
-        "profile_layers.py", "prune_mnist.py"}
+        "host_split.py", "profile_layers.py", "prune_mnist.py"}
 
 
 def run(*argv: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -39,6 +39,7 @@ def test_shell_scripts_parse(script):
     (["bash", "fetch_challenge.sh", "-h"], ["usage: fetch_challenge.sh"]),
     (["bash", "device_run.sh", "--help"], ["STEPS", "Steps", "profile"]),
     ([sys.executable, "profile_layers.py", "--help"], ["usage:", "--define NAME=INT", "--model"]),
+    ([sys.executable, "host_split.py", "--help"], ["usage:", "--model SPARSITY", "--runs"]),
     ([sys.executable, "prune_mnist.py", "--help"], ["usage:", "--out", "--sparsities"]),
     ([sys.executable, "compare_bench.py", "--help"], ["usage:", "--before", "--after", "--json"]),
 ])
