@@ -40,7 +40,7 @@ def default_cache_dir() -> Path:
 def skip_blas_probe() -> None:
     """Import numba's array functions without their probe for a BLAS.
 
-    The probe imports ``scipy.linalg`` (0.10 s of each process that loads our kernels,
+    The probe imports ``scipy.linalg`` (0.1-0.25 s of each process that loads our kernels,
     which call no BLAS); made to fail, it leaves ``np.dot`` and ``np.linalg`` out of
     njit code. Nothing changes where numba's array functions or SciPy's BLAS are
     already imported, and ``scipy.linalg`` imports normally afterwards.
@@ -56,7 +56,9 @@ def skip_blas_probe() -> None:
 
 def configure(module_file: str) -> str:
     """Make numba able to cache the kernels of ``module_file``; returns the cache folder.
-    Call before the module's ``@njit(cache=True)`` functions are defined."""
+    Call before the module's ``@njit(cache=True)`` functions are defined. Every kernel
+    module calls this first, so it also imports numba's array functions without their
+    BLAS probe (``skip_blas_probe``)."""
     from numba.core import config
 
     skip_blas_probe()
