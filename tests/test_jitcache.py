@@ -148,3 +148,49 @@ def test_blas_probe_left_alone_where_scipys_blas_is_loaded():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
                          capture_output=True, check=True).stdout.split()
     assert out == ["True", "True", "scipy.linalg.cython_blas"]
+
+
+# Stand-ins for PyYAML and cffi, first on the path: each says so when it is imported.
+FAKE_MODULES = {
+    "yaml.py": 'print("imported yaml")\ndef safe_load(f):\n    return None\n',
+    "cffi.py": 'print("imported cffi")\nclass FFI:\n    pass\n',
+}
+
+OPTIONAL_CHECK = r"""
+import sys
+from spdnn_mpi.formats.tsv import kernels  # imports numba, skipping its optional probes
+print("loaded", "yaml" in sys.modules, "cffi" in sys.modules)
+from numba.core import config
+from numba.core.typing import cffi_utils
+print("numba sees", config._HAVE_YAML, cffi_utils.SUPPORTED)
+import cffi, yaml  # noqa: E401 - both import as usual afterwards
+print("later", cffi.__name__, yaml.__name__)
+"""
+
+
+def _optional_check(tmp_path: Path, config_file: bool) -> list[str]:
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    for name, text in FAKE_MODULES.items():
+        (fakes / name).write_text(text)
+    work = tmp_path / "work"
+    work.mkdir()
+    if config_file:
+        (work / jitcache.NUMBA_CONFIG_FILE).write_text("# no settings\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fakes), str(REPO)]))
+    return subprocess.run([sys.executable, "-c", OPTIONAL_CHECK], cwd=work, env=env,
+                          text=True, capture_output=True, check=True).stdout.splitlines()
+
+
+def test_loading_the_kernels_skips_numbas_yaml_and_cffi_probes(tmp_path):
+    """numba neither reads for a settings file's parser nor sets up cffi when our
+    kernels load it (0.03-0.04 s); both modules import normally afterwards."""
+    assert _optional_check(tmp_path, config_file=False) == [
+        "loaded False False", "numba sees False False", "imported cffi", "imported yaml",
+        "later cffi yaml"]
+
+
+def test_yaml_probe_left_alone_where_a_numba_settings_file_is(tmp_path):
+    """With a .numba_config.yaml in the working directory numba reads it as usual."""
+    out = _optional_check(tmp_path, config_file=True)
+    assert out[:3] == ["imported yaml", "loaded True False", "numba sees True False"]

@@ -7,13 +7,22 @@ cache files into place, so many ranks may fill one cache at once.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
-#: The module numba imports once, to learn whether ``np.dot`` can call a BLAS.
-BLAS_PROBE = "scipy.linalg.cython_blas"
+#: Modules numba imports only for what our kernels never use, each with the part of
+#: numba that imports it: PyYAML to read a ``.numba_config.yaml`` (about 0.01 s), cffi and
+#: pycparser to call cffi functions from njit code (0.02-0.03 s), and ``scipy.linalg``
+#: for a BLAS behind ``np.dot`` and ``np.linalg`` (0.1-0.25 s).
+PROBES = {"yaml": "numba.core.config",
+          "cffi": "numba.core.typing.cffi_utils",
+          "scipy.linalg.cython_blas": "numba.np.arraymath"}
+#: The file numba reads its settings from, in the working directory (needs PyYAML).
+NUMBA_CONFIG_FILE = ".numba_config.yaml"
 
 
 def _writable_dir(path: Path) -> bool:
@@ -37,31 +46,43 @@ def default_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"spdnn_mpi-numba-{os.getuid()}"
 
 
-def skip_blas_probe() -> None:
-    """Import numba's array functions without their probe for a BLAS.
+def skip_probes() -> None:
+    """Import the parts of numba that probe for optional modules (``PROBES``) while those
+    modules fail to import, and let them import normally again afterwards.
 
-    The probe imports ``scipy.linalg`` (0.1-0.25 s of each process that loads our kernels,
-    which call no BLAS); made to fail, it leaves ``np.dot`` and ``np.linalg`` out of
-    njit code. Nothing changes where numba's array functions or SciPy's BLAS are
-    already imported, and ``scipy.linalg`` imports normally afterwards.
+    Our kernels call no BLAS, no cffi function and read no settings file, and the probes
+    cost 0.15-0.3 s of every process that loads them. Nothing changes for a probe whose
+    module or whose part of numba is already imported, nor for PyYAML where the working
+    directory holds a ``.numba_config.yaml``.
     """
-    if "numba.np.arraymath" in sys.modules or BLAS_PROBE in sys.modules:
-        return
-    sys.modules[BLAS_PROBE] = None  # an import of it now raises ImportError
+    blocked = [probe for probe, importer in PROBES.items()
+               if probe not in sys.modules and importer not in sys.modules
+               and not (probe == "yaml" and os.path.isfile(NUMBA_CONFIG_FILE))]
+    for probe in blocked:
+        sys.modules[probe] = None  # an import of it now raises ImportError
     try:
-        import numba.np.arraymath  # noqa: F401 - imported for its one-time probe
+        for probe in blocked:
+            importlib.import_module(PROBES[probe])
     finally:
-        del sys.modules[BLAS_PROBE]
+        for probe in blocked:
+            del sys.modules[probe]
+
+
+def load_numba(module_file: str) -> ModuleType:
+    """numba, imported without its optional probes (``skip_probes``), and the on-disk
+    cache set up for the kernels of ``module_file`` (``configure``). Every kernel module
+    calls this before its ``@njit(cache=True)`` functions are defined."""
+    skip_probes()
+    import numba
+
+    configure(module_file)
+    return numba
 
 
 def configure(module_file: str) -> str:
     """Make numba able to cache the kernels of ``module_file``; returns the cache folder.
-    Call before the module's ``@njit(cache=True)`` functions are defined. Every kernel
-    module calls this first, so it also imports numba's array functions without their
-    BLAS probe (``skip_blas_probe``)."""
+    Call before the module's ``@njit(cache=True)`` functions are defined."""
     from numba.core import config
-
-    skip_blas_probe()
 
     if os.environ.get("NUMBA_CACHE_DIR"):
         return config.CACHE_DIR or os.environ["NUMBA_CACHE_DIR"]

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import njit, prange
 
 from spdnn_mpi.util import jitcache
 
-jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
+numba = jitcache.load_numba(__file__)  # before the @njit(cache=True) below
+njit = numba.njit
+prange = numba.prange
 
 #: Threads waiting at the end of a parallel loop sleep rather than spin (read by
 #: libgomp when numba starts its threads, at the first parallel kernel; a user's

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
 
 from spdnn_mpi.model import Layer, stacked_indices
 from spdnn_mpi.util import jitcache
 
-jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
+numba = jitcache.load_numba(__file__)  # before the @njit(cache=True) below
+njit = numba.njit
 
 #: Outputs of the layers looked at in one call.
 RUN_ROWS = 1 << 22
@@ -242,8 +242,6 @@ def shared_inputs_all(layers: Sequence[Layer], threads: int | None = None) -> li
     most ``RUN_ROWS`` outputs, and at least ``threads`` runs where there are as many
     layers) in one call each, the calls over ``threads`` threads (default: numba's; the
     kernel runs without the GIL)."""
-    import numba
-
     threads = numba.get_num_threads() if threads is None else max(1, threads)
     layers = list(layers)
     kinds = [_kind(layer) for layer in layers]

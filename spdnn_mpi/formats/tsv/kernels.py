@@ -9,11 +9,11 @@ an InputFormatError naming the file and line. Compiled once, cached on disk.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from spdnn_mpi.util import jitcache
 
-jitcache.configure(__file__)  # before the @njit(cache=True) below: see jitcache
+numba = jitcache.load_numba(__file__)  # before the @njit(cache=True) below
+njit = numba.njit
 
 # Error codes the kernel reports in err[0].
 E_COLUMNS, E_NOT_INT, E_NOT_NUM, E_ID_LOW, E_ID_HIGH, E_BLANK, E_RANGE = range(1, 8)
