@@ -116,6 +116,22 @@ def test_two_workers_write_the_same_store_as_one(tree, tmp_path):
     assert contents(tmp_path / "five.h5") == one
 
 
+def test_batches_keep_order_and_shrink_to_single_layers_at_the_end():
+    """Layer files go to workers in lists of at most the limit; the last lists take a
+    share of what is left, so no worker is left with a long list while the other idles."""
+    sizes = [100] * 50
+    tasks = list(range(50))
+    whole = list(tsv_layers._batches(iter(tasks), sizes, 1000))
+    assert [len(b) for b in whole] == [10] * 5
+    shared = list(tsv_layers._batches(iter(tasks), sizes, 1000, share=4))
+    assert [t for b in shared for t in b] == tasks
+    assert max(len(b) for b in shared) == 10 and len(shared[-1]) == 1
+    lengths = [len(b) for b in shared]
+    assert lengths == sorted(lengths, reverse=True)
+    big = list(tsv_layers._batches(iter(range(3)), [5000, 10, 10], 1000))
+    assert big == [[0], [1, 2]]  # a file beyond the limit goes alone
+
+
 def test_truth_computed_on_the_cpu_from_layers_parsed_by_workers(tmp_path):
     """Layers of one shape parsed by workers arrive in buffers the CPU backend lays out
     together (``model.stacked_indices``): its truth must be the reference's."""

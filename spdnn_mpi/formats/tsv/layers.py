@@ -65,6 +65,14 @@ class FolderLayers:
         self.files = [listed[k] if k in listed and listed[k].is_file()
                       else tsv_tree.layer_path(self.path, self.neurons, k)  # raises: names it
                       for k in range(1, n_layers + 1)]
+        self._sizes: list[int] | None = None
+
+    def text_sizes(self) -> list[int]:
+        """About how many bytes of text each layer file holds (``_text_bytes``), in layer
+        order; the files are looked at once."""
+        if self._sizes is None:
+            self._sizes = [_text_bytes(path) for path in self.files]
+        return self._sizes
 
     def sources(self, out: Path) -> dict[str, Path]:
         """The layer files that are ``out`` (through links too): the output must be none."""
@@ -88,8 +96,9 @@ class FolderLayers:
         than half the memory available holds: each is a process of its own."""
         from spdnn_mpi.util.memory import available_bytes
 
-        batches = sum(1 for _ in _batches(iter(self), BATCH_BYTES))
-        largest = max(_text_bytes(path) for path in self.files)
+        sizes = self.text_sizes()
+        batches = sum(1 for _ in _batches(iter(self), sizes, BATCH_BYTES))
+        largest = max(sizes)
         fit = int(available_bytes() // 2 // (WORKER_BYTES + PER_TEXT_BYTE * largest))
         return max(1, min(jobs, batches, fit))
 
@@ -126,17 +135,20 @@ def _text_bytes(item: Path | MemberText) -> int:
     return size * (GZIP_RATIO if gz else 1)
 
 
-def _batches(tasks, limit: int) -> Iterator[list[tuple]]:
-    """Consecutive tasks in lists of at most ``limit`` text bytes (at least one task)."""
+def _batches(tasks, sizes: list[int], limit: int, share: int = 1) -> Iterator[list[tuple]]:
+    """Consecutive tasks (``sizes``: each one's text bytes) in lists of at most ``limit``
+    bytes and at most 1/``share`` of the bytes not yet in a list, so that the last lists
+    are small and the workers finish together; at least one task a list."""
+    left = sum(sizes)
     batch: list[tuple] = []
-    size = 0
-    for task in tasks:
-        nbytes = _text_bytes(task[1])
-        if batch and size + nbytes > limit:
+    size, cap = 0, min(limit, left / share)
+    for task, nbytes in zip(tasks, sizes):
+        if batch and size + nbytes > cap:
             yield batch
-            batch, size = [], 0
+            batch, size, cap = [], 0, min(limit, left / share)
         batch.append(task)
         size += nbytes
+        left -= nbytes
     if batch:
         yield batch
 
@@ -279,8 +291,9 @@ class LayerReader:
         if self._threads is not None:
             parsed = _thread_map(self._threads, tasks, window=2 * self.jobs)
         elif self._pool is not None:
-            parsed = self._pool.map(_batches(tasks, BATCH_BYTES), window=2 * self.jobs,
-                                    flat=True)
+            window = 2 * self.jobs  # batches out at once: the last ones a share of that
+            parsed = self._pool.map(_batches(tasks, self.source.text_sizes(), BATCH_BYTES,
+                                             share=window), window=window, flat=True)
         else:
             parsed = map(_parse, tasks)
         for k, layer in parsed:
