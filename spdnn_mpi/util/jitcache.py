@@ -15,9 +15,9 @@ from pathlib import Path
 from types import ModuleType
 
 #: Modules numba imports only for what our kernels never use, each with the part of
-#: numba that imports it: PyYAML to read a ``.numba_config.yaml`` (about 0.01 s), cffi and
-#: pycparser to call cffi functions from njit code (0.02-0.03 s), and ``scipy.linalg``
-#: for a BLAS behind ``np.dot`` and ``np.linalg`` (0.1-0.25 s).
+#: numba that imports it: PyYAML to read a ``.numba_config.yaml`` and cffi (with pycparser)
+#: to call cffi functions from njit code (together 0.03 s of a 0.4 s start), and
+#: ``scipy.linalg`` for a BLAS behind ``np.dot`` and ``np.linalg`` (0.1-0.25 s).
 PROBES = {"yaml": "numba.core.config",
           "cffi": "numba.core.typing.cffi_utils",
           "scipy.linalg.cython_blas": "numba.np.arraymath"}
@@ -51,7 +51,7 @@ def skip_probes() -> None:
     modules fail to import, and let them import normally again afterwards.
 
     Our kernels call no BLAS, no cffi function and read no settings file, and the probes
-    cost 0.15-0.3 s of every process that loads them. Nothing changes for a probe whose
+    cost 0.13-0.28 s of every process that loads them. Nothing changes for a probe whose
     module or whose part of numba is already imported, nor for PyYAML where the working
     directory holds a ``.numba_config.yaml``.
     """
