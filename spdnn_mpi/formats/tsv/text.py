@@ -71,11 +71,33 @@ def gzip_error(path, line: int, exc: BaseException, detail: str = "") -> InputFo
     )
 
 
+def _failing_line(f: gzip.GzipFile) -> int | None:
+    """The line on which the text of gzip file ``f`` stops decompressing: its complete
+    lines before the failure, plus one (None where its bytes cannot be read again).
+    A block read fails as a whole, so the stream is read again from its start, member
+    by member; only an error is reported this way."""
+    raw = f.fileobj
+    lines = 0
+    try:
+        raw.seek(0)
+        unpack = zlib.decompressobj(wbits=31)
+        while chunk := raw.read(1 << 20):
+            while chunk:
+                lines += unpack.decompress(chunk).count(b"\n")
+                chunk = unpack.unused_data  # the next member's start, if any
+                if unpack.eof:
+                    unpack = zlib.decompressobj(wbits=31)
+    except (OSError, ValueError, zlib.error):
+        pass  # where the data fails: lines holds what came before
+    except AttributeError:  # pragma: no cover - a file object without seek or read
+        return None
+    return lines + 1
+
+
 def iter_text_blocks(f, path, block_bytes: int, lines_done: list[int]) -> Iterator[np.ndarray]:
     """Blocks of bytes from open file ``f`` ending at a line break (except the last).
 
-    ``lines_done[0]`` (kept up to date by the caller) places a decompression
-    error on a line.
+    ``lines_done`` is kept up to date by the caller.
     """
     gz = isinstance(f, gzip.GzipFile)
     rest = b""
@@ -84,7 +106,7 @@ def iter_text_blocks(f, path, block_bytes: int, lines_done: list[int]) -> Iterat
             data = f.read(block_bytes)
         except _GZIP_ERRORS as exc:
             if gz:
-                raise gzip_error(path, lines_done[0] + 1 + rest.count(b"\n"), exc) from None
+                raise gzip_error(path, _failing_line(f), exc) from None
             raise InputFormatError(path, None, f"read error: {exc}") from None
         if not data:
             break
