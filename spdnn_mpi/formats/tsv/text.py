@@ -71,12 +71,11 @@ def gzip_error(path, line: int, exc: BaseException, detail: str = "") -> InputFo
     )
 
 
-def _failing_line(f: gzip.GzipFile) -> int | None:
+def _failing_line(f: gzip.GzipFile) -> int:
     """The line on which the text of gzip file ``f`` stops decompressing: its complete
-    lines before the failure, plus one (None where its bytes cannot be read again).
-    A block read fails as a whole, so the stream is read again from its start, member
-    by member; only an error is reported this way."""
-    raw = f.fileobj
+    lines before the failure, plus one. A block read fails as a whole, so the stream
+    is read again from its start, member by member; only an error is reported this way."""
+    raw = f.fileobj  # the compressed bytes: a file opened by path, or a member's BytesIO
     lines = 0
     try:
         raw.seek(0)
@@ -87,10 +86,8 @@ def _failing_line(f: gzip.GzipFile) -> int | None:
                 chunk = unpack.unused_data  # the next member's start, if any
                 if unpack.eof:
                     unpack = zlib.decompressobj(wbits=31)
-    except (OSError, ValueError, zlib.error):
+    except (OSError, zlib.error):
         pass  # where the data fails: lines holds what came before
-    except AttributeError:  # pragma: no cover - a file object without seek or read
-        return None
     return lines + 1
 
 
