@@ -135,7 +135,7 @@ print(arraymath._HAVE_BLAS, scipy.linalg.cython_blas.__name__)
 
 
 def test_loading_the_kernels_skips_numbas_blas_probe():
-    """The kernels' process does not import scipy.linalg for numba's BLAS probe (0.10 s),
+    """The kernels' process does not import scipy.linalg for numba's BLAS probe (0.1-0.25 s),
     and scipy.linalg still imports normally afterwards."""
     out = subprocess.run([sys.executable, "-c", BLAS_PROBE_CHECK], cwd=REPO, text=True,
                          capture_output=True, check=True).stdout.split()
@@ -183,8 +183,8 @@ def _optional_check(tmp_path: Path, config_file: bool) -> list[str]:
 
 
 def test_loading_the_kernels_skips_numbas_yaml_and_cffi_probes(tmp_path):
-    """numba neither reads for a settings file's parser nor sets up cffi when our
-    kernels load it (0.03-0.04 s); both modules import normally afterwards."""
+    """numba imports neither a settings file's parser nor cffi when our kernels load it
+    (together about 0.03 s); both modules import normally afterwards."""
     assert _optional_check(tmp_path, config_file=False) == [
         "loaded False False", "numba sees False False", "imported cffi", "imported yaml",
         "later cffi yaml"]
