@@ -197,3 +197,24 @@ def test_released_buffers_come_back_for_the_next_batch(backend_name):
     again = run_inference(network, rows, backend, want_features=True)
     np.testing.assert_array_equal(first.alive_ids, again.alive_ids)
     np.testing.assert_array_equal(first.features, again.features)
+
+
+@pytest.mark.parametrize("compress", ["off", "auto"])
+def test_runs_without_checks_start_their_layers_at_powers_of_two(monkeypatch, compress):
+    """With no check to come (off, or a network too short for one), the queue is cut
+    after 1, 2, 4, ... layers: the device starts while the host queues the rest."""
+    rng = np.random.default_rng(3)
+    net = random_network(rng, [64] * 41, 0.2)
+    rows = random_inputs(rng, 50, 64, 0.3)
+    backend = make_backend("cpu")
+    backend.load_network(net.layers)
+    if compress == "auto":
+        backend.check_min_layers_left = net.n_layers  # no checkpoint leaves enough layers
+    layers_run, cuts = [0], []
+    run_layer = backend.run_layer
+    monkeypatch.setattr(backend, "run_layer",
+                        lambda k, drop: layers_run.__setitem__(0, k + 1) or run_layer(k, drop))
+    monkeypatch.setattr(backend, "flush", lambda: cuts.append(layers_run[0]))
+    res = run_inference(net, rows, backend, compress=compress)
+    assert cuts == [1, 2, 4, 8, 16, 32]
+    np.testing.assert_array_equal(res.alive_ids, reference_infer(net, rows)[0])
