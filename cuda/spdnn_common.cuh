@@ -30,6 +30,7 @@
 #define ST_NEW_SLOTS 10   // rows after the pending compaction on write
 #define ST_HAS_PAD 11     // the buffer holds padding slots (dead rows) of a padded compaction
 #define ST_PADDED_COMPACTIONS 12  // of ST_COMPACTIONS, those to 8-aligned slots (reported)
+#define ST_LAYERS 13      // layers of the network (the plan weighs a compaction by those left)
 #define ST_SIZE 16
 
 // Values of ST_DO_COMPACT. One word says both whether and how, and the
@@ -175,11 +176,11 @@ __device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int 
   return carry;
 }
 
-// Narrowest rows whose compactions are padded to 8-aligned slots: padding
-// every compaction at N = 4096 made the direct mode slower (4096 x 480 off 135
-// against 148 TE/s), where at 16384 and 65536 layers 1-10 ran 16-18 % faster
-// (H100, 2026-12-06).
-#define PAD_MIN_WIDTH 8192
+// Narrowest rows whose compactions are padded to 8-aligned slots: at 4096, with
+// the settled-rows rule of block_plan, layers 1-10 ran at 57-58 against 48-49 %
+// of the floor (4096 x 120 direct 1.09-1.10x, compressed 1.09-1.19x, 4096 x 1920
+// direct 1.01x; H100, 2026-12-07); padding at 2048 and less is not measured.
+#define PAD_MIN_WIDTH 4096
 
 // Run by all threads of the last block of a layer kernel: count live rows
 // (mask & valid), exclusive prefix of live rows over tiles into tile_base
@@ -200,12 +201,22 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
   const int n_tiles = (n_rows + 31) / 32;
   const int live = tile_prefix<1>(mask, next_mask, tile_base, n_tiles, n_rows);
   // Compact where that frees 1/COMPACT_DIV of the tiles, or any tile while the
-  // buffer holds padding; 8-aligned (tile_slot) where rows are at least
-  // PAD_MIN_WIDTH wide and the padded slots free as much (rows dying fast),
-  // else exact, so padding never stays for long. The block decides as one.
+  // buffer holds padding. Where padding is used (PAD_MIN_WIDTH) and the rows have
+  // all but stopped dying (fewer than a tile's worth this layer), also where the
+  // tiles freed, times the layers left, are at least the tiles held: settled rows
+  // keep the layout of the last compaction to the end. 8-aligned (tile_slot) where
+  // rows are at least PAD_MIN_WIDTH wide and the padded slots free as much (rows
+  // dying fast), else exact, so padding never stays for long. The block decides
+  // as one.
   const int freed = n_tiles - (live + 31) / 32;
-  const int compact =
-      drop_dead && freed > 0 && (freed * SPDNN_COMPACT_DIV >= n_tiles || has_pad);
+  int compact = drop_dead && freed > 0 && (freed * SPDNN_COMPACT_DIV >= n_tiles || has_pad);
+  if (!compact && drop_dead && freed > 0 && width >= PAD_MIN_WIDTH) {
+    // two loads in the layer's last steps, so only here: where every layer at
+    // N = 1024 made them, 1024 x 1920 direct lost about 2 % (H100, 2026-12-07)
+    const int left = ld_state(state, ST_LAYERS) - k - 1;
+    const int before = k > 0 ? __ldcg(live_hist + k - 1) : n_rows;
+    compact = before - live < 32 && (i64)freed * left >= n_tiles;
+  }
   int slots = live;
   if (PADS && compact && width >= PAD_MIN_WIDTH) {
     slots = tile_prefix<8>(mask, nullptr, tile_base + max_tiles, n_tiles, n_rows);

@@ -124,7 +124,7 @@ class CudaBackend(Backend):
         if self._network.layers and rows.n_cols > width:
             raise ValueError(f"inputs have {rows.n_cols} columns, network is {width} wide")
         self._buffers.widen(rows.n_cols)  # no layers: the network is as wide as its inputs
-        self._buffers.load(rows, drop_empty)
+        self._buffers.load(rows, drop_empty, len(self._network.layers))
         self._queue.start_batch()
         self._layers_run = 0
 

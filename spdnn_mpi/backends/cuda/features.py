@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.readback import ST_ROWS, ST_SIZE, ST_TILES
+from spdnn_mpi.backends.cuda.readback import ST_LAYERS, ST_ROWS, ST_SIZE, ST_TILES
 from spdnn_mpi.model import SparseRows
 
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles
@@ -82,9 +82,10 @@ class FeatureBuffers:
             self.ptrs.set(table, stream=self._stream)
         self._track_peak()
 
-    def load(self, rows: SparseRows, drop_empty: bool) -> None:
+    def load(self, rows: SparseRows, drop_empty: bool, n_layers: int) -> None:
         """Scatter ``rows`` (empty ones dropped if ``drop_empty``) into zeroed tiles
-        (one kernel), reset the state to them and stamp the start; asynchronous."""
+        (one kernel), reset the state to them and to a network of ``n_layers`` layers
+        (compactions are weighed by the layers left), and stamp the start; asynchronous."""
         cp = self._cp
         # the last batch's rows go here, not when it finished: freeing four arrays is
         # a few microseconds of a small batch's timed part
@@ -116,7 +117,7 @@ class FeatureBuffers:
                 )
                 self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
             state = np.zeros(ST_SIZE, dtype=np.int32)
-            state[ST_ROWS], state[ST_TILES] = n, n_tiles
+            state[ST_ROWS], state[ST_TILES], state[ST_LAYERS] = n, n_tiles, n_layers
             self.state.set(state, stream=self._stream)
             self._stamp((1,), (32,), (self.stamps, np.int32(0)))
         self._track_peak()

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 #: State slots, mirrored from cuda/spdnn_common.cuh.
-ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_PADDED_COMPACTIONS, ST_SIZE = 0, 1, 8, 12, 16
+ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_PADDED_COMPACTIONS, ST_LAYERS, ST_SIZE = 0, 1, 8, 12, 13, 16
 #: The packed results are copied in one piece up to this size (else in two).
 SINGLE_COPY_BYTES = 4 << 20
 
