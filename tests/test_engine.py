@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spdnn_mpi.backends import make_backend
-from spdnn_mpi.engine import run_inference
+from spdnn_mpi.engine import CUT_MIN_LAYERS_LEFT, run_inference
 from spdnn_mpi.model import Layer, Network, SparseRows
 from spdnn_mpi.reference import forward_dense, reference_infer
 
@@ -200,11 +200,15 @@ def test_released_buffers_come_back_for_the_next_batch(backend_name):
 
 
 @pytest.mark.parametrize("compress", ["off", "auto"])
-def test_runs_without_checks_start_their_layers_at_powers_of_two(monkeypatch, compress):
+@pytest.mark.parametrize(("n_layers", "expected"), [(41, [1, 2, 4, 8, 16]), (3, [])])
+def test_runs_without_checks_start_their_layers_at_powers_of_two(monkeypatch, compress,
+                                                                   n_layers, expected):
     """With no check to come (off, or a network too short for one), the queue is cut
-    after 1, 2, 4, ... layers: the device starts while the host queues the rest."""
+    after 1, 2, 4, ... layers while CUT_MIN_LAYERS_LEFT are left: the device starts
+    while the host queues the rest, and a short network keeps its one launch."""
+    assert CUT_MIN_LAYERS_LEFT == 16  # the cases above are chosen for it
     rng = np.random.default_rng(3)
-    net = random_network(rng, [64] * 41, 0.2)
+    net = random_network(rng, [64] * (n_layers + 1), 0.2)
     rows = random_inputs(rng, 50, 64, 0.3)
     backend = make_backend("cpu")
     backend.load_network(net.layers)
@@ -216,5 +220,5 @@ def test_runs_without_checks_start_their_layers_at_powers_of_two(monkeypatch, co
                         lambda k, drop: layers_run.__setitem__(0, k + 1) or run_layer(k, drop))
     monkeypatch.setattr(backend, "flush", lambda: cuts.append(layers_run[0]))
     res = run_inference(net, rows, backend, compress=compress)
-    assert cuts == [1, 2, 4, 8, 16, 32]
+    assert cuts == expected
     np.testing.assert_array_equal(res.alive_ids, reference_infer(net, rows)[0])
