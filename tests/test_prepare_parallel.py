@@ -383,3 +383,23 @@ def test_gzip_stream_of_several_members_and_zero_padding(tmp_path):
         tsv_archive._decompressed(io.BytesIO(gzip.compress(payload) + b"junk")).read()
     with pytest.raises(EOFError):
         tsv_archive._decompressed(io.BytesIO(gzip.compress(payload)[:-3])).read()
+
+
+def test_numba_is_imported_only_to_parse(tree, tmp_path):
+    """Locating a folder's layer files and prepare's checks without truth or inputs
+    files import no numba, so the inputs made in the background overlap its import
+    (0.3 s); the parser's warm-up imports it."""
+    script = f"""
+import sys
+from spdnn_mpi.formats.tsv.layers import open_layers, warm_kernels
+from spdnn_mpi.formats.tsv.to_store import _read_inputs
+source = open_layers({str(tree["weights"])!r})
+source.sources({str(tmp_path / "out.h5")!r}), source.useful_jobs(2), list(source)
+assert _read_inputs(None, None, {{}}, source.neurons, False, 0.0) == ({{}}, None)
+print("numba" in sys.modules, end=" ")
+warm_kernels()
+print("numba" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
+    assert out.stdout.split() == ["False", "True"], out.stderr

@@ -98,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse_categories_arg(text: str) -> tuple[int, Path]:
     """``L=FILE`` or a file named ``neuron{N}-l{L}-categories.tsv[.gz]`` -> (L, path)."""
     from spdnn_mpi.errors import SpdnnError
-    from spdnn_mpi.formats.tsv.read import CATEGORIES_RE
+    from spdnn_mpi.formats.tsv.tree import CATEGORIES_RE
 
     m = re.fullmatch(r"(\d+)=(.+)", text)
     if m:

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from spdnn_mpi.errors import InputFormatError
-from spdnn_mpi.formats.tsv.read import LAYER_RE
 from spdnn_mpi.formats.tsv.text import MemberText
+from spdnn_mpi.formats.tsv.tree import LAYER_RE
 
 #: ``neuron{N}.tar.gz`` (also .tgz, .tar, .tar.bz2, .tar.xz): N from the name.
 ARCHIVE_RE = re.compile(r"^neuron(\d+)\.(?:tar\.gz|tgz|tar|tar\.bz2|tbz2|tar\.xz|txz)$")

@@ -155,7 +155,9 @@ def _batches(tasks, sizes: list[int], limit: int, share: int = 1) -> Iterator[li
 
 def warm_kernels() -> None:
     """Load the parser's compiled kernels here, so forked workers start with them."""
-    tsv_tree.read_layer(MemberText("warm-up", b"1\t1\t1\n"), 1, 1)
+    from spdnn_mpi.formats.tsv.read import read_layer  # imports numba
+
+    read_layer(MemberText("warm-up", b"1\t1\t1\n"), 1, 1)
 
 
 class _InOrder:

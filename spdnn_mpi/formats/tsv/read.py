@@ -20,7 +20,6 @@ the official files), so generated data can be fed to other challenge codes.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -60,10 +59,6 @@ from spdnn_mpi.model import Layer, SparseRows, index_dtype
 BLOCK_BYTES = 1 << 24
 #: Largest id the parser accepts when no bound is given (ids are kept as int32).
 MAX_ID = (1 << 31) - 1
-
-LAYER_RE = re.compile(r"^n(\d+)-l(\d+)\.tsv(\.gz)?$")
-IMAGES_RE = re.compile(r"^sparse-images-(\d+)\.tsv(\.gz)?$")
-CATEGORIES_RE = re.compile(r"^neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
 
 # ---------------------------------------------------------------------------
 # reading

@@ -220,6 +220,8 @@ def _check_layer_counts(n_layers: int, categories: dict, truth_layers: list[int]
 def _read_inputs(inputs, n_images, categories: dict, neurons: int, progress: bool,
                  t0: float) -> tuple[dict, SparseRows | None]:
     """(truth ids by layer count from the categories files, the --inputs rows or None)."""
+    if not categories and inputs is None:
+        return {}, None  # the parser (numba) not imported yet: see prepare_store
     from spdnn_mpi.errors import SpdnnError
     from spdnn_mpi.formats.tsv import read as tsv
 

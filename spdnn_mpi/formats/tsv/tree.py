@@ -16,9 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from spdnn_mpi.errors import InputFormatError
-from spdnn_mpi.formats.tsv.read import CATEGORIES_RE, IMAGES_RE, LAYER_RE, read_layer
 from spdnn_mpi.formats.tsv.text import Source, source_name
 from spdnn_mpi.model import Layer
+
+#: The official file names: layers, images and truth (docs/data.md).
+LAYER_RE = re.compile(r"^n(\d+)-l(\d+)\.tsv(\.gz)?$")
+IMAGES_RE = re.compile(r"^sparse-images-(\d+)\.tsv(\.gz)?$")
+CATEGORIES_RE = re.compile(r"^neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
 
 
 def layer_path(directory: str | os.PathLike, neurons: int, k: int) -> Path:
@@ -107,6 +111,10 @@ def read_checked_layer(
     output neuron N somewhere, so a layer of a smaller network copied into
     the folder is caught even though all its ids are in range.
     """
+    # here, not at import: locating files needs no parser, and `spdnn prepare` makes
+    # its inputs in the background while this process imports numba (0.3 s)
+    from spdnn_mpi.formats.tsv.read import read_layer
+
     layer = read_layer(path, neurons, neurons, bias=bias, clip=clip)
     if check_full:
         top_in = int(layer.indices.max()) + 1 if layer.nnz else 0
