@@ -19,6 +19,7 @@ import contextlib
 import os
 import pickle
 import shutil
+import stat
 import tempfile
 from collections import deque
 from collections.abc import Iterator
@@ -62,17 +63,26 @@ class FolderLayers:
             raise SpdnnError(f"--layers must be at least 1, got {n_layers}")
         self.n_layers = n_layers
         listed = tsv_tree.layer_files(self.path).get(self.neurons, {})
-        self.files = [listed[k] if k in listed and listed[k].is_file()
-                      else tsv_tree.layer_path(self.path, self.neurons, k)  # raises: names it
-                      for k in range(1, n_layers + 1)]
-        self._sizes: list[int] | None = None
+        # each file is looked at once (1920 files: milliseconds): whether it is one,
+        # its size for the batches, its inode for the output check
+        self.files: list[Path] = []
+        self._stats: list[os.stat_result] = []
+        for k in range(1, n_layers + 1):
+            path, st = listed.get(k), None
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    st = path.stat()
+            if st is None or not stat.S_ISREG(st.st_mode):
+                path = tsv_tree.layer_path(self.path, self.neurons, k)  # raises: names it
+                st = path.stat()
+            self.files.append(path)
+            self._stats.append(st)
 
     def text_sizes(self) -> list[int]:
-        """About how many bytes of text each layer file holds (``_text_bytes``), in layer
-        order; the files are looked at once."""
-        if self._sizes is None:
-            self._sizes = [_text_bytes(path) for path in self.files]
-        return self._sizes
+        """About how many bytes of text each layer file holds (a gzip file counted as
+        ``GZIP_RATIO`` times its size), in layer order."""
+        return [st.st_size * (GZIP_RATIO if path.name.endswith(".gz") else 1)
+                for path, st in zip(self.files, self._stats)]
 
     def sources(self, out: Path) -> dict[str, Path]:
         """The layer files that are ``out`` (through links too): the output must be none."""
@@ -80,13 +90,9 @@ class FolderLayers:
             st = os.stat(out)
         except OSError:
             return {}  # no such file yet: none of the layer files (they exist) can be it
-        same = []
-        for path in self.files:  # one stat each: 1920 files in milliseconds
-            with contextlib.suppress(OSError):
-                other = os.stat(path)
-                if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-                    same.append(path)
-        return {f"the layer file {path.name}": path for path in same}
+        return {f"the layer file {path.name}": path
+                for path, other in zip(self.files, self._stats)
+                if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)}
 
     def __iter__(self) -> Iterator[tuple[int, Path]]:
         return iter(enumerate(self.files, start=1))
@@ -121,18 +127,6 @@ def _parse(task: tuple) -> tuple[int, Layer]:
 def _parse_batch(tasks: list[tuple]) -> list[tuple[int, Layer]]:
     """:func:`_parse` of each task in turn (the first bad file raises)."""
     return [_parse(task) for task in tasks]
-
-
-def _text_bytes(item: Path | MemberText) -> int:
-    """About how many bytes of text a layer file holds (to batch small ones)."""
-    if isinstance(item, MemberText):
-        size, gz = len(item.data), item.data[:2] == b"\x1f\x8b"
-    else:
-        try:
-            size, gz = item.stat().st_size, item.name.endswith(".gz")
-        except OSError:
-            size, gz = 0, False  # the parse reports it
-    return size * (GZIP_RATIO if gz else 1)
 
 
 def _batches(tasks, sizes: list[int], limit: int, share: int = 1) -> Iterator[list[tuple]]:
