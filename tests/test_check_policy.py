@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import duplicated_rows, random_network, saturating
+from conftest import duplicated_rows, random_network, record_cuts, saturating
 
 from spdnn_mpi.backends import make_backend
 from spdnn_mpi.check_policy import (
@@ -223,11 +223,7 @@ def test_once_no_check_can_come_work_is_cut_only_every_stride(monkeypatch):
     backend = make_backend("cpu")
     backend.check_costs = CheckCosts()  # free: every due checkpoint checks
     backend.load_network(net.layers)
-    layers_run, cuts = [0], []
-    run_layer = backend.run_layer
-    monkeypatch.setattr(backend, "run_layer",
-                        lambda k, drop: layers_run.__setitem__(0, k + 1) or run_layer(k, drop))
-    monkeypatch.setattr(backend, "flush", lambda: cuts.append(layers_run[0]))
+    cuts = record_cuts(monkeypatch, backend)
     res = run_inference(net, rows, backend, want_features=True, compress="auto")
     last_check = res.compression[0][-1]
     assert last_check["representatives"] <= backend.tile_rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_inputs, random_network
+from conftest import random_inputs, random_network, record_cuts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -214,11 +214,7 @@ def test_runs_without_checks_start_their_layers_at_powers_of_two(monkeypatch, co
     backend.load_network(net.layers)
     if compress == "auto":
         backend.check_min_layers_left = net.n_layers  # no checkpoint leaves enough layers
-    layers_run, cuts = [0], []
-    run_layer = backend.run_layer
-    monkeypatch.setattr(backend, "run_layer",
-                        lambda k, drop: layers_run.__setitem__(0, k + 1) or run_layer(k, drop))
-    monkeypatch.setattr(backend, "flush", lambda: cuts.append(layers_run[0]))
+    cuts = record_cuts(monkeypatch, backend)
     res = run_inference(net, rows, backend, compress=compress)
     assert cuts == expected
     np.testing.assert_array_equal(res.alive_ids, reference_infer(net, rows)[0])
