@@ -94,7 +94,8 @@ def _failing_line(f: gzip.GzipFile) -> int:
 def iter_text_blocks(f, path, block_bytes: int, lines_done: list[int]) -> Iterator[np.ndarray]:
     """Blocks of bytes from open file ``f`` ending at a line break (except the last).
 
-    ``lines_done`` is kept up to date by the caller.
+    ``lines_done[0]``: the lines the caller has parsed so far, which places the error
+    for a last line without a line break.
     """
     gz = isinstance(f, gzip.GzipFile)
     rest = b""
