@@ -209,13 +209,16 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
   // dying fast), else exact, so padding never stays for long. The block decides
   // as one.
   const int freed = n_tiles - (live + 31) / 32;
-  int compact = drop_dead && freed > 0 && (freed * SPDNN_COMPACT_DIV >= n_tiles || has_pad);
-  if (!compact && drop_dead && freed > 0 && width >= PAD_MIN_WIDTH) {
-    // two loads in the layer's last steps, so only here: where every layer at
-    // N = 1024 made them, 1024 x 1920 direct lost about 2 % (H100, 2026-12-07)
-    const int left = ld_state(state, ST_LAYERS) - k - 1;
-    const int before = k > 0 ? __ldcg(live_hist + k - 1) : n_rows;
-    compact = before - live < 32 && (i64)freed * left >= n_tiles;
+  int compact = 0;
+  if (drop_dead && freed > 0) {
+    compact = freed * SPDNN_COMPACT_DIV >= n_tiles || has_pad;
+    if (!compact && width >= PAD_MIN_WIDTH) {
+      // two loads in the layer's last steps, so only here: where every layer at
+      // N = 1024 made them, 1024 x 1920 direct lost about 2 % (H100, 2026-12-07)
+      const int left = ld_state(state, ST_LAYERS) - k - 1;
+      const int before = k > 0 ? __ldcg(live_hist + k - 1) : n_rows;
+      compact = before - live < 32 && (i64)freed * left >= n_tiles;
+    }
   }
   int slots = live;
   if (PADS && compact && width >= PAD_MIN_WIDTH) {
