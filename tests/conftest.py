@@ -99,7 +99,6 @@ def saturating(rng, width: int, n_layers: int, degree: int = 8, clip: float = 4.
     return Network(layers)
 
 
-
 def record_cuts(monkeypatch, backend) -> list[int]:
     """The layers run at each ``flush`` of ``backend`` (where the engine cuts its queue),
     appended to the returned list as the run goes."""
@@ -109,6 +108,7 @@ def record_cuts(monkeypatch, backend) -> list[int]:
                         lambda k, drop: layers_run.__setitem__(0, k + 1) or run_layer(k, drop))
     monkeypatch.setattr(backend, "flush", lambda: cuts.append(layers_run[0]))
     return cuts
+
 
 def fixed_degree_layer(rng, n_in, n_out, degree, *, bias=-0.3, clip=32.0, value=1 / 16):
     """``n_out`` outputs of ``degree`` random inputs each (16-bit indices, sorted), one
