@@ -201,29 +201,32 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
   const int n_tiles = (n_rows + 31) / 32;
   const int live = tile_prefix<1>(mask, next_mask, tile_base, n_tiles, n_rows);
   // Compact where that frees 1/COMPACT_DIV of the tiles, or any tile while the
-  // buffer holds padding. Where padding is used (PAD_MIN_WIDTH) and the rows have
-  // all but stopped dying (fewer than a tile's worth this layer), also where the
-  // tiles freed, times the layers left, are at least the tiles held: settled rows
-  // keep the layout of the last compaction to the end. 8-aligned (tile_slot) where
-  // rows are at least PAD_MIN_WIDTH wide and the padded slots free as much (rows
-  // dying fast), else exact, so padding never stays for long. The block decides
-  // as one.
+  // buffer holds padding. Where padding is used (rows at least PAD_MIN_WIDTH
+  // wide): 8-aligned (tile_slot) where the padded slots free as much (rows dying
+  // fast); exact only once the rows have all but stopped dying (fewer than a
+  // tile's worth this layer) and the tiles freed, times the layers left, are at
+  // least the tiles held: an exact compaction of rows still dying splits the
+  // next layer's 32-byte sectors for a layout that lasts a layer or two, and
+  // settled rows keep it to the end (and drop any padding). Narrower rows,
+  // and kernels without a padded walk compact exactly. The block decides as one.
   const int freed = n_tiles - (live + 31) / 32;
-  int compact = 0;
+  int compact = 0, settled = 0;
   if (drop_dead && freed > 0) {
     compact = freed * SPDNN_COMPACT_DIV >= n_tiles || has_pad;
-    if (!compact && width >= PAD_MIN_WIDTH) {
-      // two loads in the layer's last steps, so only here: where every layer at
-      // N = 1024 made them, 1024 x 1920 direct lost about 2 % (H100, 2026-12-07)
+    if (width >= PAD_MIN_WIDTH) {  // also where padding is held: it must end once
       const int left = ld_state(state, ST_LAYERS) - k - 1;
       const int before = k > 0 ? __ldcg(live_hist + k - 1) : n_rows;
-      compact = before - live < 32 && (i64)freed * left >= n_tiles;
+      settled = before - live < 32 && (i64)freed * left >= n_tiles;
+      compact |= settled;
     }
   }
   int slots = live;
   if (PADS && compact && width >= PAD_MIN_WIDTH) {
     slots = tile_prefix<8>(mask, nullptr, tile_base + max_tiles, n_tiles, n_rows);
-    if ((n_tiles - (slots + 31) / 32) * SPDNN_COMPACT_DIV < n_tiles) slots = live;
+    if ((n_tiles - (slots + 31) / 32) * SPDNN_COMPACT_DIV < n_tiles) {
+      slots = live;
+      compact = settled;  // no exact compaction of rows still dying at these widths
+    }
   }
   const int padded = slots != live;
   if (threadIdx.x == 0) {
