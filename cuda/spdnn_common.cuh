@@ -207,8 +207,8 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
   // tile's worth this layer) and the tiles freed, times the layers left, are at
   // least the tiles held: an exact compaction of rows still dying splits the
   // next layer's 32-byte sectors for a layout that lasts a layer or two, and
-  // settled rows keep it to the end (and drop any padding). Narrower rows,
-  // and kernels without a padded walk compact exactly. The block decides as one.
+  // settled rows keep it to the end (and drop any padding). Narrower rows, and
+  // kernels without a padded walk, compact exactly. The block decides as one.
   const int freed = n_tiles - (live + 31) / 32;
   int compact = 0, settled = 0;
   if (drop_dead && freed > 0) {
