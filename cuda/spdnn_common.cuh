@@ -191,10 +191,12 @@ __device__ int tile_prefix(const u32* mask, u32* next_mask, int* tile_base, int 
 // moves them). ``took``: this layer wrote the compaction the previous plan
 // asked for, so its rows are the new ones (``padded_now``: in padded slots).
 // PADS: the kernel has a padded walk (only those plan padded compactions).
+// ``release``: set the finished-block counter back to zero (false where a grid
+// barrier on it does that: layers_run_grid).
 template <bool PADS>
 __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* tile_base,
                            int max_tiles, int* live_hist, u64* stamps, int k, int drop_dead,
-                           bool took, bool padded_now, int width) {
+                           bool took, bool padded_now, int width, bool release = true) {
   const int n_rows = ld_state(state, took ? (padded_now ? ST_NEW_SLOTS : ST_NEW_ROWS) : ST_ROWS);
   // read by every thread before the syncs of tile_prefix, written by thread 0 after
   const int has_pad = took ? padded_now : ld_state(state, ST_HAS_PAD);
@@ -246,6 +248,6 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
     state[ST_SEL] ^= 1;  // the output is current
     stamps[k + 1] = global_ns();
     __threadfence();
-    state[ST_DONE] = 0;
+    if (release) state[ST_DONE] = 0;
   }
 }

@@ -383,6 +383,43 @@ def test_layers_wider_than_a_row_block_carries_run_over_the_card(backend_and_log
     assert log.cooperative[0] == ("layers_held_grid<16>", (PROPS["multiProcessorCount"],))
 
 
+def test_settled_layers_over_every_tile_run_many_a_launch(backend_and_log, monkeypatch):
+    """From held.RUN_FIRST_LAYER on, consecutive uniform grouped layers of one degree
+    run held.RUN_MAX_LAYERS at most in one cooperative layers_run_grid launch over
+    every tile (two blocks an SM where they fit), each run after the compaction pass
+    its layer before may ask for, and before one where the next layer does not compact
+    on write; layers before that, other kernels and wider layers a launch a layer."""
+    backend, log = backend_and_log
+    monkeypatch.setattr(held, "RUN_FIRST_LAYER", 2)
+    monkeypatch.setattr(held, "RUN_MAX_LAYERS", 3)
+    rng = np.random.default_rng(7)
+    same = block_layer(rng, 256, 256, 16, values=False, min_group=16)
+    general = random_network(rng, [256, 256], 0.05).layers[0]
+    wide = block_layer(rng, 256, 256, 32, values=False, min_group=16)
+    layers = [same] * 7 + [general, same, same, wide, wide]
+    monkeypatch.setattr(held, "RUN_MAX_WIDTH", 256)
+    from spdnn_mpi.backends.cuda import layout as lay
+
+    writes = lay.compacts_on_write  # as if layer 7's kernel needed compact_rows before it
+    monkeypatch.setattr(lay, "compacts_on_write", lambda kind: kind != "csr4_smem"
+                        and writes(kind))
+    backend.load_network(layers)
+    assert "layers_run_grid<16>" in backend._network.module._parts[0][1]
+    rows = SparseRows.from_dense((rng.random((70, 256)) < 0.2).astype(np.float32))
+    backend.load_features(rows, drop_empty=True)
+    log.clear()
+    for k in range(len(layers)):
+        backend.run_layer(k, drop_dead=True)
+    backend.flush()
+    run = ["compact_rows", "layers_run_grid<16>"]
+    body = log[log.index("capture(") + 1:log.index(")")]
+    assert body == ["layer_group_sum<16>"] * 2 + run + run + [  # layers 2-4, then 5-6
+        "compact_rows", "layer_csr4<true,true>", *run, "compact_rows", "layers_run_grid<32>"]
+    grid = (2 * PROPS["multiProcessorCount"],)
+    assert log.cooperative == [("layers_run_grid<16>", grid)] * 3 + [
+        ("layers_run_grid<32>", grid)]
+
+
 def test_before_cc_9_converged_layers_keep_one_launch_a_layer(backend_and_log,
                                                               monkeypatch):
     """Before compute capability 9.0 (where the one-launch forms were never measured):

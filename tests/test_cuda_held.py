@@ -15,7 +15,7 @@ _C_SIZES = {"u16*": 8, "int*": 8, "float*": 8, "int": 4, "float": 4}
 def test_argument_table_matches_the_kernels_struct_field_for_field():
     """HELD_LAYER_DTYPE is read by the kernel as ``struct HeldLayer``: same fields, in
     the same order, at the offsets the C layout gives them."""
-    source = (lay.kernel_source_dir() / "spdnn_held.cu").read_text(encoding="utf-8")
+    source = (lay.kernel_source_dir() / "spdnn_held.cuh").read_text(encoding="utf-8")
     body = re.search(r"struct HeldLayer \{(.*?)\};", source, re.S).group(1)
     fields = []
     for line in body.splitlines():

@@ -44,6 +44,7 @@ config_block $others > "$work/others.h"
   for d in 8 16 32 64; do
     echo "template __global__ void layers_held_grid<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*);"
     echo "template __global__ void layers_held_row<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*, u32*);"
+    echo "template __global__ void layers_run_grid<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*);"
   done
   for smem in true false; do for vals in true false; do
     echo "template __global__ void layer_csr4<$smem,$vals>(P, const int2*, const u16*, const float*);"

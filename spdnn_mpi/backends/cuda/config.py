@@ -58,7 +58,7 @@ class KernelConfig:
 
     #: converged layers in one launch over the card (layers_held_grid): threads a
     #: block at most, input loads in flight a lane (both measured on the one-cluster
-    #: form it replaced: docs/design.md)
+    #: form it replaced: docs/design.md); also a block of layers_run_grid (not measured)
     held_threads: int = 256
     held_batch: int = 32
     #: threads a block of layers_held_row (one block a row held) at most: room for

@@ -12,12 +12,17 @@ has one bias (its 16 slots hold the same value), and that next layer reads its i
 as those groups' ids, made once at load (two launches for 128 layers): a sixteenth of
 the stores, and reads from a smaller array.
 
+While more than a tile of rows is held, consecutive uniform grouped layers from
+``RUN_FIRST_LAYER`` on, up to ``RUN_MAX_WIDTH`` wide, run ``RUN_MAX_LAYERS`` at most
+in one launch over every tile held (``layers_run_grid``, ``cuda/spdnn_runs.cu``):
+by then the rows have settled, and no compaction is made inside a run.
+
 Host logic: which layers qualify, the per-layer argument table, the runs of a piece.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +53,19 @@ _SUM_KERNEL = "layer_group_sum<"
 ROW_MAX_WIDTH = 4096
 #: Kernel of each form: one block a row held, one block an SM.
 KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid"}
+#: Layers over every tile in one launch (before any merge).
+RUN_KERNEL = "layers_run_grid"
+#: First layer (0-based) that runs in a launch of many over every tile: before it
+#: the rows still die fast, and a layer a launch drops them as they die.
+RUN_FIRST_LAYER = 32
+#: Layers in one such launch at most: the compaction the last one's plan asks for
+#: is made between two runs.
+RUN_MAX_LAYERS = 32
+#: Widest layer (inputs or outputs) run so: wider layers are long enough that a
+#: launch a layer costs little beside them.
+RUN_MAX_WIDTH = 4096
+#: Blocks an SM of ``layers_run_grid`` at most (its launch bounds).
+RUN_BLOCKS_PER_SM = 2
 #: Kernels that make the group ids a run's later layers read (``HeldLayers``).
 GROUP_INPUT_KERNELS = ("held_group_of", "held_group_inputs")
 #: Layers whose group ids one pair of those launches makes (their scratch: this many
@@ -75,10 +93,22 @@ def held_form(plan: lay.LayerPlan, n_in: int, n_out: int) -> tuple[int, str] | N
     return plan.degree, "row" if max(n_in, n_out) <= ROW_MAX_WIDTH else "grid"
 
 
+def run_degree(k: int, plan: lay.LayerPlan, n_in: int, n_out: int) -> int:
+    """The degree of layer ``k`` where it may run in a launch of many over every tile
+    (``layers_run_grid``), else 0."""
+    if k < RUN_FIRST_LAYER or max(n_in, n_out) > RUN_MAX_WIDTH:
+        return 0
+    form = held_form(plan, n_in, n_out)
+    return form[0] if form else 0
+
+
 def kernel_names(plans: Sequence[lay.LayerPlan], layers: Sequence) -> set[str]:
     """Every instantiation the layers (``plans``, one a layer) may run in."""
     forms = (held_form(p, layer.n_in, layer.n_out) for p, layer in zip(plans, layers))
-    return {kernel_name(*form) for form in forms if form}
+    names = {kernel_name(*form) for form in forms if form}
+    runs = (run_degree(k, p, layer.n_in, layer.n_out)
+            for k, (p, layer) in enumerate(zip(plans, layers)))
+    return names | {f"{RUN_KERNEL}<{d}>" for d in runs if d}
 
 
 def _form(entry: LayerLaunch) -> tuple[int, str] | None:
@@ -95,8 +125,11 @@ class HeldLayers:
     """The network's argument table and kernels; the runs of a piece to launch as one."""
 
     def __init__(self, cp: Any, module: Any, entries: Sequence[LayerLaunch],
-                 config: KernelConfig, n_sms: int) -> None:
+                 config: KernelConfig, n_sms: int,
+                 blocks_per_sm: Callable[[Any, int, int], int]) -> None:
         self._forms = [_form(e) for e in entries]
+        self._runs = [run_degree(k, e.plan, *map(int, e.head[:2]))
+                      for k, e in enumerate(entries)]
         self._grouped_ids = None  # ids of groups the later layers of a run read
         self._groups = [0] * len(entries)  # groups of each shared-sum layer
         self._widths = [0] * len(entries)
@@ -120,6 +153,11 @@ class HeldLayers:
         self._n_sms = n_sms  # the grid form's blocks: one an SM, all resident
         self._kernels = {name: module.get_function(name)
                          for name in sorted({kernel_name(*f) for f in self._forms if f})}
+        self._run_kernels = {d: module.get_function(f"{RUN_KERNEL}<{d}>")
+                             for d in sorted(set(self._runs) - {0})}
+        self._run_grid = {d: n_sms * min(RUN_BLOCKS_PER_SM,
+                                         blocks_per_sm(kern, config.held_threads, 0))
+                          for d, kern in self._run_kernels.items()}
 
     def _group_inputs(self, cp: Any, table: np.ndarray):
         """The layers that read their inputs as groups of the layer before inside a
@@ -166,6 +204,29 @@ class HeldLayers:
                and self._forms[k0 + n] == form):
             n += 1
         return n
+
+    def tile_run_length(self, todo: Sequence[tuple[int, bool]], i: int) -> int:
+        """How many entries of ``todo`` from ``i`` on run as one launch over every tile
+        (``RUN_MAX_LAYERS`` at most; 1 where ``todo[i]`` does not run so)."""
+        k0 = todo[i][0]
+        degree = self._runs[k0]
+        if not degree:
+            return 1
+        n = 1
+        while (i + n < len(todo) and n < RUN_MAX_LAYERS and todo[i + n][0] == k0 + n
+               and self._runs[k0 + n] == degree):
+            n += 1
+        return n
+
+    def launch_run(self, ptrs: Any, state: Any, live_hist: Any, stamps: Any, k0: int,
+                   n_layers: int, drop_dead: bool) -> None:
+        """Enqueue layers ``k0`` .. ``k0 + n_layers - 1`` over every tile held, one
+        cooperative launch; ``drop_dead``: the last layer's plan may compact."""
+        degree = self._runs[k0]
+        self._run_kernels[degree].kernel(
+            (self._run_grid[degree],), (self._threads["grid"],),
+            (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(drop_dead),
+             state, live_hist, stamps), enable_cooperative_groups=True)
 
     def threads(self, k0: int, n_layers: int, held: int) -> int:
         """Threads a block for layers ``k0`` on, at most the form's: one a group of the

@@ -73,6 +73,18 @@ class LayerQueue:
         if drop and not self.compacts_on_write(k + 1):
             self.compact(k)
 
+    def _launch_tile_run(self, k0: int, n_layers: int, drop_dead: bool) -> None:
+        """Enqueue layers ``k0`` on over every tile in one launch: first the compaction
+        the layer before may have asked for (a run makes none inside it), after it
+        the pass its own last plan may ask for where the next layer does not compact
+        on write (as ``launch``)."""
+        b = self._buffers
+        self.compact(k0 - 1)
+        self._held.launch_run(b.ptrs, b.state, b.live_hist, b.stamps, k0, n_layers, drop_dead)
+        last = k0 + n_layers - 1
+        if drop_dead and not self.compacts_on_write(last + 1):
+            self.compact(last)
+
     def compact(self, k: int) -> None:
         """Enqueue ``compact_rows`` after layer ``k``: it moves the survivors to dense
         tiles if the layer's plan asked for it, and does nothing otherwise."""
@@ -140,9 +152,14 @@ class LayerQueue:
         with rows held, consecutive shared-sum grouped layers as one launch."""
         b, i = self._buffers, 0
         while i < len(todo):
-            n = self._held.run_length(todo, i) if held and self._held is not None else 1
-            if n > 1:  # nothing is compacted while rows are held
+            n = 1
+            if self._held is not None:
+                n = (self._held.run_length(todo, i) if held
+                     else self._held.tile_run_length(todo, i))
+            if n > 1 and held:  # nothing is compacted while rows are held
                 self._held.launch(b.ptrs, b.state, b.live_hist, b.stamps, todo[i][0], n, held)
+            elif n > 1:
+                self._launch_tile_run(todo[i][0], n, todo[i + n - 1][1])
             else:
                 self.launch(*todo[i], held)
             i += n

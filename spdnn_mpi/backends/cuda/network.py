@@ -128,7 +128,8 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
             width = max(width, layer.n_in, layer.n_out)
             if progress is not None:
                 progress(len(entries))
-        held = (held_layers.HeldLayers(cp, module, entries, config, sms)
+        held = (held_layers.HeldLayers(cp, module, entries, config, sms,
+                                       launcher.blocks_per_sm)
                 if held_layers.supported(props) else None)
         stream.synchronize()
     info = {
