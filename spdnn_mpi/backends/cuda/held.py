@@ -53,7 +53,7 @@ _SUM_KERNEL = "layer_group_sum<"
 ROW_MAX_WIDTH = 4096
 #: Kernel of each form: one block a row held, one block an SM.
 KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid"}
-#: Layers over every tile in one launch (before any merge).
+#: Layers over every tile in one launch (while more than a tile of rows is held).
 RUN_KERNEL = "layers_run_grid"
 #: First layer (0-based) that runs in a launch of many over every tile: before it
 #: the rows still die fast, and a layer a launch drops them as they die.
@@ -61,8 +61,8 @@ RUN_FIRST_LAYER = 32
 #: Layers in one such launch at most: the compaction the last one's plan asks for
 #: is made between two runs.
 RUN_MAX_LAYERS = 32
-#: Widest layer (inputs or outputs) run so: wider layers are long enough that a
-#: launch a layer costs little beside them.
+#: Widest layer (inputs or outputs) run so: direct 1024 x 1920 2.1x, 4096 x 1920 2.7x
+#: (H100); wider layers take 0.17 ms and more, and were not measured in runs.
 RUN_MAX_WIDTH = 4096
 #: Blocks an SM of ``layers_run_grid`` at most (its launch bounds).
 RUN_BLOCKS_PER_SM = 2

@@ -149,7 +149,8 @@ class LayerQueue:
 
     def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
         """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream;
-        with rows held, consecutive shared-sum grouped layers as one launch."""
+        consecutive shared-sum grouped layers as one launch: over the rows held, or
+        (``held.HeldLayers.tile_run_length``) over every tile once the rows settled."""
         b, i = self._buffers, 0
         while i < len(todo):
             n = 1
