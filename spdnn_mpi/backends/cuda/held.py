@@ -117,6 +117,21 @@ def _form(entry: LayerLaunch) -> tuple[int, str] | None:
     return held_form(entry.plan, n_in, n_out)
 
 
+def _span(todo: Sequence[tuple[int, bool]], i: int, keys: Sequence, most: int) -> int:
+    """How many entries of ``todo`` from ``i`` on (``most`` at most) are consecutive
+    layers whose key in ``keys`` (one a layer) is ``todo[i]``'s; 1 where that key is
+    empty (the layer runs alone)."""
+    k0 = todo[i][0]
+    key = keys[k0]
+    if not key:
+        return 1
+    n = 1
+    while (i + n < len(todo) and n < most and todo[i + n][0] == k0 + n
+           and keys[k0 + n] == key):
+        n += 1
+    return n
+
+
 def _pointer(array: Any) -> int:
     return 0 if isinstance(array, np.integer) else int(array.data.ptr)
 
@@ -195,28 +210,12 @@ class HeldLayers:
     def run_length(self, todo: Sequence[tuple[int, bool]], i: int) -> int:
         """How many entries of ``todo`` from ``i`` on are consecutive layers of one
         degree and one form on the shared-sum kernel (1 where ``todo[i]`` is not one)."""
-        k0 = todo[i][0]
-        form = self._forms[k0]
-        if not form:
-            return 1
-        n = 1
-        while (i + n < len(todo) and todo[i + n][0] == k0 + n
-               and self._forms[k0 + n] == form):
-            n += 1
-        return n
+        return _span(todo, i, self._forms, len(todo))
 
     def tile_run_length(self, todo: Sequence[tuple[int, bool]], i: int) -> int:
         """How many entries of ``todo`` from ``i`` on run as one launch over every tile
         (``RUN_MAX_LAYERS`` at most; 1 where ``todo[i]`` does not run so)."""
-        k0 = todo[i][0]
-        degree = self._runs[k0]
-        if not degree:
-            return 1
-        n = 1
-        while (i + n < len(todo) and n < RUN_MAX_LAYERS and todo[i + n][0] == k0 + n
-               and self._runs[k0 + n] == degree):
-            n += 1
-        return n
+        return _span(todo, i, self._runs, RUN_MAX_LAYERS)
 
     def launch_run(self, ptrs: Any, state: Any, live_hist: Any, stamps: Any, k0: int,
                    n_layers: int, drop_dead: bool) -> None:
