@@ -29,6 +29,29 @@
 
 #define GROUP_SLOTS 16
 
+// The input gathers keep their lines in L2 (evict-last). A tile's input line
+// is read once by each group that has the input (two in RadiX-Net layers),
+// and a tile's groups are walked by as many warps at once, so the two reads
+// come in either order and up to a round of the grid apart, while the grid
+// streams the other tiles' lines: under the default priority the head layers
+// read up to 3.3x their inputs from DRAM (docs/design.md, "Where the direct
+// time goes"). The outputs give way first (store_out). Reading a line
+// evict-first at its last read in group order lost to this: the order of the
+// two reads is not the groups'.
+__device__ __forceinline__ u64 l2_keep_policy() {
+  u64 policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ float4 gather4(const float* p, u64 policy) {
+  float4 v;
+  asm("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+}
+
 // Calls f(slot, output id) for each used slot of the LS a lane computes (op:
 // at the first of them; unused slots have id -1).
 template <int LS, typename F>
@@ -87,7 +110,7 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
     const float ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (p[i]) p[i][(i64)id * 32] = o.pad && !((valid >> i) & 1u) ? 0.0f : ys[i];
+      if (p[i]) store_out(p[i] + (i64)id * 32, o.pad && !((valid >> i) & 1u) ? 0.0f : ys[i]);
     }
     alive |= alive4(y);
   });
@@ -102,15 +125,16 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
 }
 
 // LS slots of one group for this lane's 4 rows (wp, op: at the first of
-// them; xq: the rows' neuron 0), stored in place at out or, compacting, to
-// the rows' compacted slots in dst; returns the rows' alive bits as bits of
-// output tiles o.t0, o.t0 + 1. SUM: one sum for every slot (uniform layers;
-// wp unused; compacting, through stage: sum_store_compacted).
+// them; xq: the rows' neuron 0, gathered under L2 policy keep), stored in
+// place at out or, compacting, to the rows' compacted slots in dst; returns
+// the rows' alive bits as bits of output tiles o.t0, o.t0 + 1. SUM: one sum
+// for every slot (uniform layers; wp unused; compacting, through stage:
+// sum_store_compacted).
 template <int D, int LS, bool COMPACT, bool SUM>
 __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
                                            const int4* __restrict__ op,
                                            const float4* __restrict__ wp, const float* xq,
-                                           float* out, const Rows4To& o, float* dst,
+                                           u64 keep, float* out, const Rows4To& o, float* dst,
                                            float* stage) {
   constexpr int BATCH = SUM ? SPDNN_GSUM_BATCH : SPDNN_GROUP_BATCH;
   constexpr int B = D < BATCH ? D : BATCH;
@@ -126,8 +150,8 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
     for (int p = 0; p < B; p += 2) {
       const uint4 iv = __ldg(ip + (p0 + p) / 8);
       const u32 w = (&iv.x)[((p0 + p) % 8) / 2];
-      x[p] = __ldg(reinterpret_cast<const float4*>(xq + (w & 0xffffu) * 32));
-      x[p + 1] = __ldg(reinterpret_cast<const float4*>(xq + (w >> 16) * 32));
+      x[p] = gather4(xq + (w & 0xffffu) * 32, keep);
+      x[p + 1] = gather4(xq + (w >> 16) * 32, keep);
     }
     if constexpr (SUM) {
 #pragma unroll
@@ -178,6 +202,7 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
                                            const int* __restrict__ gout,
                                            const float* __restrict__ gw, int wstride,
                                            int chunk, float* stage) {
+  const u64 keep = l2_keep_policy();
   const int n_tiles = ld_state(a.state, ST_TILES);
   const int sel = ld_state(a.state, ST_SEL);
   const float* src = sel ? a.buf1 : a.buf0;
@@ -215,7 +240,8 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
       alive |= group_rows4<D, LS, COMPACT, SUM>(a, gidx4 + (i64)g * (D / 8),
                                                 gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
                                                 gw4 + ((i64)g * wstride + s0) / 4,
-                                                src + tile_at, dst + tile_at, o, dst, stage);
+                                                src + tile_at, keep, dst + tile_at, o, dst,
+                                                stage);
     }
     flush_alive(mask, o.t0, alive);
   }

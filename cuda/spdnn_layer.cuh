@@ -139,10 +139,18 @@ __device__ __forceinline__ u32 alive4(const float4 y) {
          (u32)(y.w != 0.0f) << 3;
 }
 
+// A layer's outputs, stored evict-first (st.global.cs): the next layer reads
+// them after this one has finished, so in L2 they give way to the input lines
+// this layer has still to read again (l2_keep_policy in spdnn_groups.cu).
+__device__ __forceinline__ void store_out(float* p, float v) { __stcs(p, v); }
+__device__ __forceinline__ void store_out4(float* p, float4 v) {
+  __stcs(reinterpret_cast<float4*>(p), v);
+}
+
 // Epilogue of 4 rows of output j, one 16-byte store; returns their alive bits.
 __device__ __forceinline__ u32 store_rows4(float4 acc, int j, const LayerArgs& a, float* out) {
   const float4 y = activate4(acc, j, a);
-  *reinterpret_cast<float4*>(out + (i64)j * 32) = y;
+  store_out4(out + (i64)j * 32, y);
   return alive4(y);
 }
 
@@ -249,7 +257,7 @@ __device__ __forceinline__ u32 store_rows4_at(float4 acc, int j, const LayerArgs
   const float ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    if (p[e]) p[e][(i64)j * 32] = ys[e];
+    if (p[e]) store_out(p[e] + (i64)j * 32, ys[e]);
   }
   return alive4(y);
 }
