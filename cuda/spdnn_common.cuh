@@ -40,7 +40,12 @@
 // 14.0 us, H100, 2026-12-06).
 #define COMPACT_NONE 0
 #define COMPACT_EXACT 1   // survivors to tile_base[t] + rank: dense slots
-#define COMPACT_PADDED 2  // to tile_slot[t] + rank: each tile's survivors 8-aligned
+#define COMPACT_PADDED 2  // to tile_slot[t] + rank: each tile's survivors PAD_SLOTS-aligned
+
+// A padded compaction starts each input tile's survivors at a multiple of
+// PAD_SLOTS slots (8 floats: one 32-byte sector) and writes the slots after
+// them up to the next multiple as dead rows (spdnn_layer.cuh).
+#define PAD_SLOTS 8
 
 // Slots of the pointer table (an i64 array on the device). Kernels take the
 // buffers from it rather than as arguments, so a captured CUDA graph of the
@@ -224,7 +229,7 @@ __device__ void block_plan(int* state, const u32* mask, u32* next_mask, int* til
   }
   int slots = live;
   if (PADS && compact && width >= PAD_MIN_WIDTH) {
-    slots = tile_prefix<8>(mask, nullptr, tile_base + max_tiles, n_tiles, n_rows);
+    slots = tile_prefix<PAD_SLOTS>(mask, nullptr, tile_base + max_tiles, n_tiles, n_rows);
     if ((n_tiles - (slots + 31) / 32) * SPDNN_COMPACT_DIV < n_tiles) {
       slots = live;
       compact = settled;  // no exact compaction of rows still dying at these widths
