@@ -72,6 +72,20 @@ def test_converged_uniform_grouped_layers_keep_the_shared_sum_kernel(n, grid):
     assert {launch.grid for launch in entry.small.values()} == {grid}
 
 
+@pytest.mark.parametrize("n,per_sm", [(4096, 2), (16384, 1), (65536, 1)])
+def test_wide_shared_sum_layers_run_one_block_an_sm(n, per_sm):
+    """The shared-sum kernel's whole-tile grid: as many blocks as fit (two here) up to
+    4096 inputs, one an SM from ``ONE_BLOCK_MIN_INPUTS`` on."""
+    from spdnn_mpi.backends.cuda.launch import ONE_BLOCK_MIN_INPUTS
+    from spdnn_mpi.generators.radixnet import radixnet_network
+
+    limit = 227 * 1024
+    layer = radixnet_network(n, 1).layers[0]
+    entry = planning_launcher().layer_entry(layer, lay.plan_layer(layer, limit), limit)
+    assert entry.full.kern.name == "layer_group_sum<32>"
+    assert entry.full.grid == 132 * per_sm and (per_sm == 1) == (n >= ONE_BLOCK_MIN_INPUTS)
+
+
 def test_uniform_grouped_layers_take_the_shared_sum_form():
     """One weight for every edge: a group's slots share one sum (layer_group_sum);
     per-edge values keep every slot's own sum (layer_group)."""

@@ -20,6 +20,14 @@ from spdnn_mpi.model import Layer
 #: Warp steps a warp of the grouped kernels takes in a row before striding on; 4: 52.9
 #: against 54.6-57.3 TE/s at 1024 x 120 (H200, 2026-12-03).
 GROUP_CHUNK = 1
+#: Inputs from which the shared-sum grouped kernel runs one block an SM where two
+#: fit. Direct mode with one block an SM at every width, H100, 2026-12-07, two
+#: rounds beside two blocks in one call: 16384 x 120 111.8-112.3 against 101.4-101.9
+#: TE/s, 65536 x 120 102.8-103.2 against 93.4-93.7, but 4096 x 120 140.0-140.9
+#: against 142.5-143.6, so narrower layers keep two. (Half the warps stream half
+#: the bytes between the two reads of an input line, so more second reads may hit
+#: in L2; not profiled.)
+ONE_BLOCK_MIN_INPUTS = 8192
 
 
 def blocks_per_sm(props: dict, kern: Any, threads: int, smem: int) -> int:
@@ -104,12 +112,16 @@ class Launcher:
         """The group layouts of fixed-degree ``layers`` of one shape, built on the device."""
         return device_group_layouts(self.cp, self.mod, layers, self.sms)
 
-    def launch(self, plan: lay.LayerPlan) -> Launch:
-        """``plan``'s whole-tile form: as many blocks as fit on the device."""
+    def launch(self, plan: lay.LayerPlan, n_in: int) -> Launch:
+        """``plan``'s whole-tile form for a layer of ``n_in`` inputs: as many blocks as
+        fit on the device (the shared-sum grouped kernel from ``ONE_BLOCK_MIN_INPUTS``
+        inputs: one an SM)."""
         kern = self.kernel(plan.kernel, plan.smem_bytes)
         threads = self.threads(plan.kind)
-        grid = self.sms * self.blocks_per_sm(kern, threads, plan.smem_bytes)
-        return Launch(kern, grid, threads, plan.smem_bytes)
+        per_sm = self.blocks_per_sm(kern, threads, plan.smem_bytes)
+        if plan.kernel.startswith("layer_group_sum<") and n_in >= ONE_BLOCK_MIN_INPUTS:
+            per_sm = 1
+        return Launch(kern, self.sms * per_sm, threads, plan.smem_bytes)
 
     def small_grids(self, layer: Layer, plan: lay.LayerPlan, full: Launch,
                     n_groups: int) -> dict[int, Launch]:
@@ -147,7 +159,7 @@ class Launcher:
             groups = grouped or self.group_layouts([layer])[0]
             if lay.falls_back(groups, self.variant):
                 plan, groups = lay.plan_layer(layer, smem_limit, self.variant, grouped=False), None
-        full = self.launch(plan)
+        full = self.launch(plan, layer.n_in)
         keep: list = []  # device arrays the launch arguments point to
         extra_held = None
         if groups is not None:
