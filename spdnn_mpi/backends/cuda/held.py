@@ -41,8 +41,6 @@ HELD_LAYER_DTYPE = np.dtype({
     "itemsize": 64,
 })
 
-#: The shared-sum grouped kernel's name, up to its degree.
-_SUM_KERNEL = "layer_group_sum<"
 #: Widest layer (inputs or outputs) run one block a row held; wider ones run over the
 #: card. A converged layer (H100, compressed): one block a row 1.34 / 2.18 us at
 #: N = 1024 / 4096, over the card 3.02 / 3.07 us; at 16384 one block a row (two
@@ -88,7 +86,7 @@ def kernel_name(degree: int, form: str) -> str:
 def held_form(plan: lay.LayerPlan, n_in: int, n_out: int) -> tuple[int, str] | None:
     """(degree, form) of a layer of this plan and shape in the one-launch kernels once
     rows are held: shared-sum grouped layers; None for the others."""
-    if not plan.kernel.startswith(_SUM_KERNEL):
+    if not plan.is_shared_sum:
         return None
     return plan.degree, "row" if max(n_in, n_out) <= ROW_MAX_WIDTH else "grid"
 
@@ -113,8 +111,7 @@ def kernel_names(plans: Sequence[lay.LayerPlan], layers: Sequence) -> set[str]:
 
 def _form(entry: LayerLaunch) -> tuple[int, str] | None:
     """The layer's ``held_form``."""
-    n_in, n_out = entry.head[:2]
-    return held_form(entry.plan, n_in, n_out)
+    return held_form(entry.plan, entry.n_in, entry.n_out)
 
 
 def _span(todo: Sequence[tuple[int, bool]], i: int, keys: Sequence, most: int) -> int:
@@ -143,8 +140,7 @@ class HeldLayers:
                  config: KernelConfig, n_sms: int,
                  blocks_per_sm: Callable[[Any, int, int], int]) -> None:
         self._forms = [_form(e) for e in entries]
-        self._runs = [run_degree(k, e.plan, *map(int, e.head[:2]))
-                      for k, e in enumerate(entries)]
+        self._runs = [run_degree(k, e.plan, e.n_in, e.n_out) for k, e in enumerate(entries)]
         self._grouped_ids = None  # ids of groups the later layers of a run read
         self._groups = [0] * len(entries)  # groups of each shared-sum layer
         self._widths = [0] * len(entries)

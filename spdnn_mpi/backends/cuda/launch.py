@@ -119,7 +119,7 @@ class Launcher:
         kern = self.kernel(plan.kernel, plan.smem_bytes)
         threads = self.threads(plan.kind)
         per_sm = self.blocks_per_sm(kern, threads, plan.smem_bytes)
-        if plan.kernel.startswith("layer_group_sum<") and n_in >= ONE_BLOCK_MIN_INPUTS:
+        if plan.is_shared_sum and n_in >= ONE_BLOCK_MIN_INPUTS:
             per_sm = 1
         return Launch(kern, self.sms * per_sm, threads, plan.smem_bytes)
 

@@ -86,7 +86,14 @@ class LayerPlan:
         """Fixed-degree uniform layout (``ell_layout``) rather than CSR."""
         return self.kind in ELL_KINDS
 
+    @property
+    def is_shared_sum(self) -> bool:
+        """The grouped kernel's shared-sum form (``SUM_KERNEL``: uniform layers)."""
+        return self.kernel.startswith(SUM_KERNEL + "<")
 
+
+#: The grouped kernel of uniform layers: one sum a group and row (cuda/spdnn_groups.cu).
+SUM_KERNEL = "layer_group_sum"
 #: Kinds of the fixed-degree kernels, and the variants a user may force.
 ELL_KINDS = ("smem32", "global")
 #: Rows an ELL kernel computes per tile: all 32, or (one tile of compressed,
@@ -153,7 +160,7 @@ def plan_layer(layer: Layer, smem_limit: int, variant: str = "auto",
     fits32 = tile_bytes <= smem_limit
     if degree_ok and (variant == "group" or (variant == "auto" and grouped)):
         # one weight for all: a group's slots share one sum (the same bits)
-        kernel = "layer_group_sum" if layer.values is None else "layer_group"
+        kernel = SUM_KERNEL if layer.values is None else "layer_group"
         return LayerPlan("group", f"{kernel}<{d}>", d, 0)
     if ell_ok and variant != "csr":
         # staged tile: 39.0 against 30.8 TE/s at 1024 x 120 (H200, 2026-12-02)
