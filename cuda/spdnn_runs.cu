@@ -11,6 +11,10 @@
 // are those of layer_group_sum, so a run equals a launch a layer bit for bit.
 #include "spdnn_held.cuh"
 
+// Blocks an SM of layers_run_grid at most: its launch bounds, and the grid the
+// host launches (held.RUN_BLOCKS_PER_SM).
+#define RUN_BLOCKS_PER_SM 2
+
 // Block 0, every thread: the rows alive in ``mask`` (& valid) over the tiles
 // held, each word cleared after it is read (the layer after next sets them).
 __device__ __forceinline__ int count_and_clear(u32* mask, int n_tiles, int n_rows, int* sh) {
@@ -28,7 +32,7 @@ __device__ __forceinline__ int count_and_clear(u32* mask, int n_tiles, int n_row
 // rows in place (a compaction the layer before asked for is made before the
 // launch); drop_dead: the last layer's plan may compact.
 template <int D>
-__global__ void __launch_bounds__(SPDNN_HELD_THREADS, 2)
+__global__ void __launch_bounds__(SPDNN_HELD_THREADS, RUN_BLOCKS_PER_SM)
     layers_run_grid(const i64* __restrict__ ptrs, const HeldLayer* __restrict__ table, int k0,
                     int n_layers, int drop_dead, int* state, int* live_hist, u64* stamps) {
   static_assert(D % 8 == 0, "degree must be a multiple of 8");

@@ -33,3 +33,11 @@ def test_argument_table_matches_the_kernels_struct_field_for_field():
     assert [name for name, _ in fields] == list(dtype.names)
     assert offsets == [dtype.fields[name][1] for name in dtype.names]
     assert dtype.itemsize == -(-offset // 8) * 8
+
+
+def test_the_run_kernels_launch_bounds_are_the_hosts_blocks_an_sm():
+    """The grid ``HeldLayers`` launches layers_run_grid with (cooperative: every block
+    resident) rests on the blocks an SM the kernel is compiled for."""
+    source = (lay.kernel_source_dir() / "spdnn_runs.cu").read_text(encoding="utf-8")
+    assert f"#define RUN_BLOCKS_PER_SM {held.RUN_BLOCKS_PER_SM}\n" in source
+    assert "__launch_bounds__(SPDNN_HELD_THREADS, RUN_BLOCKS_PER_SM)" in source

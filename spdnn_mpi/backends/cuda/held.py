@@ -62,7 +62,8 @@ RUN_MAX_LAYERS = 32
 #: Widest layer (inputs or outputs) run so: direct 1024 x 1920 2.1x, 4096 x 1920 2.7x
 #: (H100); wider layers take 0.17 ms and more, and were not measured in runs.
 RUN_MAX_WIDTH = 4096
-#: Blocks an SM of ``layers_run_grid`` at most (its launch bounds).
+#: Blocks an SM of ``layers_run_grid`` at most (its launch bounds: RUN_BLOCKS_PER_SM in
+#: cuda/spdnn_runs.cu).
 RUN_BLOCKS_PER_SM = 2
 #: Kernels that make the group ids a run's later layers read (``HeldLayers``).
 GROUP_INPUT_KERNELS = ("held_group_of", "held_group_inputs")
