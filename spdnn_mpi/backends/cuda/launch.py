@@ -21,12 +21,11 @@ from spdnn_mpi.model import Layer
 #: against 54.6-57.3 TE/s at 1024 x 120 (H200, 2026-12-03).
 GROUP_CHUNK = 1
 #: Inputs from which the shared-sum grouped kernel runs one block an SM where two
-#: fit. Direct mode with one block an SM at every width, H100, 2026-12-07, two
-#: rounds beside two blocks in one call: 16384 x 120 111.8-112.3 against 101.4-101.9
-#: TE/s, 65536 x 120 102.8-103.2 against 93.4-93.7, but 4096 x 120 140.0-140.9
-#: against 142.5-143.6, so narrower layers keep two. (Half the warps stream half
-#: the bytes between the two reads of an input line, so more second reads may hit
-#: in L2; not profiled.)
+#: fit: 1.11-1.15x in both modes from 16384 wide (H100, 2026-12-07, beside two
+#: blocks in one call; 65536 x 1920 compressed 2678 against 2378 TE/s), but with one
+#: block at every width 4096 x 120 direct ran 140.0-140.9 against 142.5-143.6, so
+#: narrower layers keep two. (Half the warps stream half the bytes between the two
+#: reads of an input line, so more second reads may hit in L2; not profiled.)
 ONE_BLOCK_MIN_INPUTS = 8192
 
 
