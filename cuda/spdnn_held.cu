@@ -38,10 +38,12 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
   const i64 max_tiles = ptrs[P_MAX_TILES];
   const int rank = blockIdx.x, n_blocks = gridDim.x;
   const bool lead = rank == 0 && threadIdx.x == 0;  // does the layers' bookkeeping
-  const u32 valid = valid_bits(0, ld_state(state, ST_ROWS));
+  const int n_rows = ld_state(state, ST_ROWS);
+  const u32 valid = valid_bits(0, n_rows);
   int sel = ld_state(state, ST_SEL);
   const int lane = threadIdx.x & 31;
   const int gl = lane >> lpg_log2, r4 = (lane & ((1 << lpg_log2) - 1)) * 4;
+  const bool gather = r4 < n_rows;  // some of this lane's rows are held
   const int warp = rank * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int n_warps = n_blocks * (blockDim.x >> 5);
   const int thread = rank * blockDim.x + threadIdx.x;
@@ -68,11 +70,11 @@ __global__ void __launch_bounds__(SPDNN_HELD_THREADS, 1)
       const int g = s * gpw + gl;
       if (g >= L.n_groups) continue;
       if (s == warp) {
-        alive |= held_group<D>(L, first, src + r4, dst, r4, g, grouped);
+        alive |= held_group<D>(L, first, src + r4, dst, r4, g, grouped, gather);
       } else {
         GroupIds<D> ids;
         load_group_ids<D>(L, in, g, ids);
-        alive |= held_group<D>(L, ids, src + r4, dst, r4, g, grouped);
+        alive |= held_group<D>(L, ids, src + r4, dst, r4, g, grouped, gather);
       }
     }
     alive = __reduce_or_sync(0xffffffffu, alive);

@@ -141,16 +141,17 @@ __device__ __forceinline__ bool each_output(const GroupIds<D>& ids, F f) {
 // sum of layer_group_sum, then each used slot's epilogue stored at dst (once for
 // all slots where the layer has one bias: the values are the same), or with
 // ``grouped`` once at group g's place; returns the rows' alive bits as bits of the
-// tile.
+// tile. ``gather``: false where none of the lane's rows is held; their values are
+// never read, and zero sums stand in for them without reading their inputs.
 template <int D>
 __device__ __forceinline__ u32 held_group(const HeldLayer& L, const GroupIds<D>& ids,
                                           const float* xq, float* dst, int r4, int g,
-                                          bool grouped) {
+                                          bool grouped, bool gather = true) {
   constexpr int B = D < SPDNN_HELD_BATCH ? D : SPDNN_HELD_BATCH;
   // the order and rounding of layer_group_sum; written by other blocks: through L2
-  const float4 acc = sum_rows4<D, B>(ids.in, xq, [](const float* p) {
+  const float4 acc = gather ? sum_rows4<D, B>(ids.in, xq, [](const float* p) {
     return __ldcg(reinterpret_cast<const float4*>(p));
-  });
+  }) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (!L.bias_v) {  // one bias: every slot of the group holds the same values
     const float4 y = activate4(acc, L.scale, L.bias_s, L.floor, L.clip);
     bool used;
