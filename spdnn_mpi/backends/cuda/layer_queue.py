@@ -70,8 +70,7 @@ class LayerQueue:
         args = (b.ptrs, *layer.head, b.state, b.live_hist, b.stamps, kk,
                 np.int32(1 if drop else 0), *extra)
         launch.kern((launch.grid,), (launch.threads,), args, shared_mem=launch.smem)
-        if drop and not self.compacts_on_write(k + 1):
-            self.compact(k)
+        self._compact_after(k, drop)
 
     def _launch_tile_run(self, k0: int, n_layers: int, drop_dead: bool) -> None:
         """Enqueue layers ``k0`` on over every tile in one launch: first the compaction
@@ -81,9 +80,13 @@ class LayerQueue:
         b = self._buffers
         self.compact(k0 - 1)
         self._held.launch_run(b.ptrs, b.state, b.live_hist, b.stamps, k0, n_layers, drop_dead)
-        last = k0 + n_layers - 1
-        if drop_dead and not self.compacts_on_write(last + 1):
-            self.compact(last)
+        self._compact_after(k0 + n_layers - 1, drop_dead)
+
+    def _compact_after(self, k: int, drop: bool) -> None:
+        """After layer ``k`` (``drop``: its plan may compact), the ``compact_rows`` pass
+        where layer ``k + 1`` does not write the compaction itself."""
+        if drop and not self.compacts_on_write(k + 1):
+            self.compact(k)
 
     def compact(self, k: int) -> None:
         """Enqueue ``compact_rows`` after layer ``k``: it moves the survivors to dense
