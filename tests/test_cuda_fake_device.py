@@ -245,6 +245,43 @@ def test_a_batch_launches_its_layers_once_captured_then_as_one_graph(backend_and
     assert backend.max_batch_rows(1024) >= 32
 
 
+def test_a_batch_end_is_planned_again_when_its_shape_or_buffers_change(backend_and_log,
+                                                                     monkeypatch):
+    """The gather that ends a batch and the copy behind it are kept from the last
+    batch of the same shape (a small batch's timed part), and made again for another
+    size or once the results' buffers were given back: a graph must never name an
+    array that was freed."""
+    from spdnn_mpi.backends.cuda import readback
+
+    backend, log = backend_and_log
+    rng = np.random.default_rng(5)
+    net = random_network(rng, [64, 32, 10], 0.3)
+    backend.load_network(net.layers)
+    prepared = []
+    prepare = readback.PackedResults.prepare
+    monkeypatch.setattr(readback.PackedResults, "prepare",
+                        lambda self, *a: prepared.append(a[-1]) or prepare(self, *a))
+
+    def batch(n):
+        rows = SparseRows.from_dense((rng.random((n, 64)) < 0.3).astype(np.float32))
+        log.clear()
+        backend.load_features(rows, drop_empty=False)
+        for k in range(len(net.layers)):
+            backend.run_layer(k, drop_dead=True)
+        res = backend.finish(want_features=True)
+        assert res.features.shape == (0, 10)
+        return [x for x in log if x in ("capture(", "graph")]
+
+    assert batch(100) == ["capture(", "graph"] and prepared == [100]
+    assert batch(100) == ["graph"] and prepared == [100]  # kept: same shape, same arrays
+    assert batch(40) == ["capture(", "graph"] and prepared == [100, 40]
+    device = backend._results.device
+    backend.release_buffers()
+    assert batch(40) == ["capture(", "graph"] and prepared == [100, 40, 40]
+    assert backend._results.device is not device
+    assert backend._queue._finish_plan[2][1][-1] is backend._results.device
+
+
 @pytest.mark.parametrize("ahead", [16, None])
 def test_a_merge_runs_its_kernels_then_layers_run_on_the_held_rows(backend_and_log,
                                                                    monkeypatch, ahead):
