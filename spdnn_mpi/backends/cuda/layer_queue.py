@@ -38,7 +38,8 @@ class LayerQueue:
         self.held = 0  # > 0: at most this many rows (one tile) held since a merge
         self.merging = False  # merges ran: graphs are captured in every held-rows form
         self.capture_seconds = 0.0  # host time capturing graphs, the device idle meanwhile
-        self._finish_plan: tuple | None = None  # (key, read plan, gather) of the last finish
+        # the last finish's (shape and buffers, read plan, gather, the results' array)
+        self._finish_plan: tuple | None = None
 
     def attach(self, module: Any, layers: list[LayerLaunch],
                held: HeldLayers | None = None) -> None:
@@ -145,13 +146,13 @@ class LayerQueue:
 
     def _finish_args(self, n_run: int, width: int, want_features: bool) -> tuple:
         """(read plan, ``flush``'s gather) of a batch's end, made again only when the
-        batch's shape or the results' buffers changed: a small batch's timed part
-        repeats them for each run otherwise (a few microseconds of host time)."""
+        batch's shape or the results' buffers changed, where a small batch's timed
+        part built them again for each run."""
         b, results = self._buffers, self._results
-        key = (n_run, width, want_features, b.loaded_rows, results.allocations)
-        if (self._finish_plan is not None and self._finish_plan[0] == key
-                and self._finish_plan[3] is results.device):
-            return self._finish_plan[1:3]
+        kept = self._finish_plan
+        if (kept is not None and kept[3] is results.device
+                and kept[0] == (n_run, width, want_features, b.loaded_rows, results.allocations)):
+            return kept[1], kept[2]
         read = results.prepare(n_run, width, want_features, b.loaded_rows)
         blocks = max(1, min(-(-max(b.loaded_rows, read.head) // 256), self._sms * 8))
         # the graph key: the other arrays of the gather were made with the network
@@ -159,6 +160,7 @@ class LayerQueue:
         gather = (blocks, (b.ptrs, b.state, b.live_hist, b.stamps, np.int32(n_run),
                            np.int32(width), np.int32(want_features), results.device),
                   tail, read.copy)
+        # the key names the buffers prepare left (it may have allocated)
         self._finish_plan = ((n_run, width, want_features, b.loaded_rows, results.allocations),
                              read, gather, results.device)
         return read, gather
