@@ -47,6 +47,11 @@
 // them up to the next multiple as dead rows (spdnn_layer.cuh).
 #define PAD_SLOTS 8
 
+// ``n`` slots rounded up to the next multiple of PAD_SLOTS.
+__device__ __forceinline__ int padded_slots(int n) {
+  return (n + PAD_SLOTS - 1) & ~(PAD_SLOTS - 1);
+}
+
 // Slots of the pointer table (an i64 array on the device). Kernels take the
 // buffers from it rather than as arguments, so a captured CUDA graph of the
 // layer loop stays valid when the buffers are reallocated for a new batch.

@@ -82,7 +82,7 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
   const int lane = threadIdx.x & 31, ql = lane & 7;
   const int base = __shfl_sync(0xffffffffu, o.first, lane & ~7);  // the tile's first slot
   const int cnt = __shfl_sync(0xffffffffu, o.first + __popc(o.live), lane | 7) - base;
-  const int padded = o.pad ? (cnt + PAD_SLOTS - 1) & ~(PAD_SLOTS - 1) : cnt;
+  const int padded = o.pad ? padded_slots(cnt) : cnt;
   const float v[4] = {acc.x, acc.y, acc.z, acc.w};
   __syncwarp();
   int k = o.first - base;

@@ -295,6 +295,6 @@ __device__ __forceinline__ void move_positions(const Compaction& c, const Rows4T
   }
   if (o.pad && r4 == 28) {
     const int end = o.first + __popc(o.live);
-    for (int s = end; s < ((end + PAD_SLOTS - 1) & ~(PAD_SLOTS - 1)); ++s) c.pos_to[s] = -1;
+    for (int s = end; s < padded_slots(end); ++s) c.pos_to[s] = -1;
   }
 }
