@@ -18,7 +18,7 @@ from spdnn_mpi.errors import SpdnnError
 from spdnn_mpi.model import Layer, stacked_indices
 
 #: The kernel sources, compiled together as one NVRTC program.
-KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh", "spdnn_held.cuh")
+KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh", "spdnn_held.cuh", "spdnn_csr4.cuh")
 KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu",
                 "spdnn_held.cu", "spdnn_runs.cu", "spdnn_group_layout.cu")
 
