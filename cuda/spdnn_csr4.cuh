@@ -1,5 +1,6 @@
-// The CSR4 layout's sums (layer_csr4, spdnn_layers.cu): 16-bit input ids, 8
-// to a 16-byte load, and a lane's 4 rows of a feature tile as one float4.
+// The CSR4 layout's sums (layer_csr4 in spdnn_layers.cu, whole_network in
+// spdnn_whole.cu): 16-bit input ids, 8 to a 16-byte load, and a lane's 4 rows
+// as one float4.
 #pragma once
 #include "spdnn_layer.cuh"
 
@@ -38,15 +39,16 @@ __device__ __forceinline__ Csr4Chunk csr4_chunk(const uint4* __restrict__ ip,
   return k;
 }
 
-// The 8 gathers of a chunk (entries past the degree read input 0, not added).
-template <bool SMEM>
+// The 8 gathers of a chunk (entries past the degree read input 0, not added);
+// neuron i of the rows at xq is at xq + STRIDE i (32: a feature tile).
+template <bool SMEM, int STRIDE = 32>
 __device__ __forceinline__ void csr4_gather(float4 (&x)[8], const Csr4Chunk& k,
                                             const float* xq) {
   const u32 w[4] = {k.idx.x, k.idx.y, k.idx.z, k.idx.w};
 #pragma unroll
   for (int p = 0; p < 8; ++p) {
     const u32 i = (p & 1) ? (w[p / 2] >> 16) : (w[p / 2] & 0xffffu);
-    x[p] = load_rows4<SMEM>(xq + i * 32);
+    x[p] = load_rows4<SMEM>(xq + i * STRIDE);
   }
 }
 
@@ -83,7 +85,7 @@ __device__ __forceinline__ void csr4_first_chunks(Csr4Chunk (&ring)[N],
 
 // Staged (gathers are shared loads): the next chunk's indices and values are
 // loaded while the current one is gathered and added.
-template <bool VALS>
+template <bool VALS, int STRIDE = 32>
 __device__ __forceinline__ float4 csr_rows4_staged(const uint4* __restrict__ ip,
                                                    const float4* __restrict__ vp, int deg,
                                                    const float* xq) {
@@ -95,7 +97,7 @@ __device__ __forceinline__ float4 csr_rows4_staged(const uint4* __restrict__ ip,
     const Csr4Chunk k = ring[0];
     if (c + 1 < n) ring[0] = csr4_chunk<VALS>(ip, vp, c + 1);
     float4 x[8];
-    csr4_gather<true>(x, k, xq);
+    csr4_gather<true, STRIDE>(x, k, xq);
     csr4_fma<VALS>(acc, k, deg - 8 * c, x);
   }
   return acc;
