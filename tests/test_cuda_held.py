@@ -8,15 +8,15 @@ import re
 from spdnn_mpi.backends.cuda import held
 from spdnn_mpi.backends.cuda import layout as lay
 
-#: Bytes of the C types HeldLayer's fields are declared with.
-_C_SIZES = {"u16*": 8, "int*": 8, "float*": 8, "int": 4, "float": 4}
+#: Bytes of the C types the argument tables' fields are declared with.
+_C_SIZES = {"u16*": 8, "int*": 8, "int2*": 8, "float*": 8, "int": 4, "float": 4}
 
 
-def test_argument_table_matches_the_kernels_struct_field_for_field():
-    """HELD_LAYER_DTYPE is read by the kernel as ``struct HeldLayer``: same fields, in
-    the same order, at the offsets the C layout gives them."""
-    source = (lay.kernel_source_dir() / "spdnn_held.cuh").read_text(encoding="utf-8")
-    body = re.search(r"struct HeldLayer \{(.*?)\};", source, re.S).group(1)
+def struct_offsets(unit: str, struct: str) -> tuple[list[str], list[int], int]:
+    """(field names, offsets, size) of ``struct`` in kernel source ``unit``, as the C
+    layout gives them."""
+    source = (lay.kernel_source_dir() / unit).read_text(encoding="utf-8")
+    body = re.search(rf"struct {struct} \{{(.*?)\}};", source, re.S).group(1)
     fields = []
     for line in body.splitlines():
         m = re.match(r"\s*(?:const\s+)?(\w+)\s*(\*?)\s*([\w, ]+);", line)
@@ -29,10 +29,22 @@ def test_argument_table_matches_the_kernels_struct_field_for_field():
         offset = -(-offset // size) * size
         offsets.append(offset)
         offset += size
-    dtype = held.HELD_LAYER_DTYPE
-    assert [name for name, _ in fields] == list(dtype.names)
+    return [name for name, _ in fields], offsets, -(-offset // 8) * 8
+
+
+def test_argument_table_matches_the_kernels_struct_field_for_field():
+    """HELD_LAYER_DTYPE is read by the kernel as ``struct HeldLayer``: same fields, in
+    the same order, at the offsets the C layout gives them."""
+    assert_table_is_struct(held.HELD_LAYER_DTYPE, "spdnn_held.cuh", "HeldLayer")
+
+
+def assert_table_is_struct(dtype, unit: str, struct: str) -> None:
+    """``dtype`` has ``struct``'s fields (in kernel source ``unit``), in its order, at
+    the offsets and size the C layout gives them."""
+    names, offsets, size = struct_offsets(unit, struct)
+    assert names == list(dtype.names)
     assert offsets == [dtype.fields[name][1] for name in dtype.names]
-    assert dtype.itemsize == -(-offset // 8) * 8
+    assert dtype.itemsize == size
 
 
 def test_the_run_kernels_launch_bounds_are_the_hosts_blocks_an_sm():

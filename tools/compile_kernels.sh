@@ -52,6 +52,7 @@ config_block $others > "$work/others.h"
   for smem in true false; do for vals in true false; do for it in u16 int; do
     echo "template __global__ void layer_csr<$smem,$vals,$it>(P, const int*, const $it*, const float*);"
   done; done; done
+  echo "template __global__ void whole_network<8>(const i64*, const WholeLayer*, int, int, int*, int*, u64*, int*);"
   for it in u16 int; do
     echo "template __global__ void scatter_rows<$it>(float*, i64, const int*, int, const i64*, const $it*, const float*, int*);"
   done

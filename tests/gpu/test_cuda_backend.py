@@ -98,7 +98,10 @@ def test_describe_reports_memory_and_timing():
     net = random_network(rng, [100, 100, 100])
     backend = cuda_backend(device=0)
     backend.load_network(net.layers)
-    res = run_inference(net, random_inputs(rng, 64, 100, 0.3), backend)
+    one_launch = backend.describe()["whole_network_rows"]  # up to so many: no layer times
+    assert one_launch > 64
+    assert run_inference(net, random_inputs(rng, 64, 100, 0.3), backend).layer_seconds is None
+    res = run_inference(net, random_inputs(rng, one_launch + 1, 100, 0.3), backend)
     info = backend.describe()
     assert info["peak_device_bytes"] > 0 and info["sms"] > 0
     assert res.layer_seconds is not None and len(res.layer_seconds) == 2

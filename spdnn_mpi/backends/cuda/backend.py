@@ -112,7 +112,7 @@ class CudaBackend(Backend):
         self._network = net
         self._merger = DeviceMerge(self._cp, self._dev, net.module, self.sms)
         self._buffers.attach(net.module, len(net.layers), net.width)
-        self._queue.attach(net.module, net.layers, net.held)
+        self._queue.attach(net.module, net.layers, net.held, net.whole)
         self._track_peak()
 
     # -- batch ---------------------------------------------------------------

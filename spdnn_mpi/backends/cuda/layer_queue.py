@@ -17,6 +17,7 @@ from spdnn_mpi.backends.cuda.graphs import GraphCache
 from spdnn_mpi.backends.cuda.held import HeldLayers
 from spdnn_mpi.backends.cuda.launch import LayerLaunch
 from spdnn_mpi.backends.cuda.readback import PackedResults
+from spdnn_mpi.backends.cuda.whole import WholeNetwork
 
 
 class LayerQueue:
@@ -32,6 +33,7 @@ class LayerQueue:
         self.graphs = GraphCache(graphs)
         self.layers: list[LayerLaunch] = []
         self._held: HeldLayers | None = None  # converged layers in one launch
+        self._whole: WholeNetwork | None = None  # every layer in one launch (small batches)
         self._compact = None  # compact_rows
         self._gather = None  # gather_results
         self.pending: list[tuple[int, bool]] = []  # (layer, drop dead rows) not launched yet
@@ -41,12 +43,14 @@ class LayerQueue:
         # the last finish's (shape and buffers, read plan, gather, the results' array)
         self._finish_plan: tuple | None = None
 
-    def attach(self, module: Any, layers: list[LayerLaunch],
-               held: HeldLayers | None = None) -> None:
-        """A new network: its layers, the module's loop kernels and (``held``) its
-        converged layers' one-launch form; no graph kept."""
+    def attach(self, module: Any, layers: list[LayerLaunch], held: HeldLayers | None = None,
+               whole: WholeNetwork | None = None) -> None:
+        """A new network: its layers, the module's loop kernels, (``held``) its
+        converged layers' one-launch form and (``whole``) its small batches'; no graph
+        kept."""
         self.layers = layers
         self._held = held
+        self._whole = whole
         self._compact = module.get_function("compact_rows")
         self._gather = module.get_function("gather_results")
         self.graphs.clear()
@@ -166,13 +170,25 @@ class LayerQueue:
         return read, gather
 
     def _key(self, todo: tuple, held: int, gather: tuple | None) -> tuple:
-        return self.graphs.key(todo, held, None if gather is None else gather[2])
+        tail = None if gather is None else gather[2]
+        return self.graphs.key(todo, held, (tail, self._whole_grid(todo, held)))
+
+    def _whole_grid(self, todo: tuple, held: int) -> int:
+        """Blocks of the one launch that runs ``todo`` (``whole``), 0 where it does not."""
+        if self._whole is None:
+            return 0
+        return self._whole.grid(todo, held, self._buffers.loaded_rows)
 
     def _run_piece(self, todo: tuple, held: int, gather: tuple | None) -> None:
-        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream;
-        consecutive shared-sum grouped layers as one launch: over the rows held, or
+        """Enqueue the layers of ``todo`` (then the gather and its copy) on the stream:
+        every layer of a small batch as one launch (``whole``); else consecutive
+        shared-sum grouped layers as one launch: over the rows held, or
         (``held.HeldLayers.tile_run_length``) over every tile once the rows settled."""
         b, i = self._buffers, 0
+        whole = self._whole_grid(todo, held)
+        if whole:
+            self._whole.launch(whole, b.ptrs, b.state, b.live_hist, b.stamps)
+            i = len(todo)
         while i < len(todo):
             n = 1
             if self._held is not None:

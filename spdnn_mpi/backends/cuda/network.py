@@ -12,6 +12,7 @@ from typing import Any
 
 from spdnn_mpi.backends.cuda import held as held_layers
 from spdnn_mpi.backends.cuda import layout as lay
+from spdnn_mpi.backends.cuda import whole as whole_network
 from spdnn_mpi.backends.cuda.compile import (
     KernelModules,
     fallback_names,
@@ -37,6 +38,7 @@ class DeviceNetwork:
     layers: list[LayerLaunch]
     width: int  # the widest layer's inputs or outputs
     held: held_layers.HeldLayers | None  # converged layers in one launch (None: not here)
+    whole: whole_network.WholeNetwork | None  # small batches in one launch (None: not so)
     info: dict = field(default_factory=dict)  # kernels, layout size and times (describe)
 
 
@@ -57,8 +59,22 @@ def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[
 
 def _kernel_names(props: dict, plans: Sequence[lay.LayerPlan],
                   layers: Sequence[Layer]) -> list[str]:
-    """``kernel_names`` of ``plans``, the one-launch forms where the device runs them."""
-    return kernel_names(plans, layers if held_layers.supported(props) else None)
+    """``kernel_names`` of ``plans``, the one-launch forms where the device runs them
+    and the whole network's where it qualifies (``whole``)."""
+    names = kernel_names(plans, layers if held_layers.supported(props) else None)
+    if whole_network.qualifies(plans, network_width(layers), _edges(layers),
+                               smem_limit(props)):
+        names = sorted({*names, whole_network.KERNEL})
+    return names
+
+
+def _edges(layers: Sequence[Layer]) -> int:
+    return sum(layer.nnz for layer in layers)
+
+
+def network_width(layers: Sequence[Layer]) -> int:
+    """The widest layer's inputs or outputs (0 without layers)."""
+    return max((max(layer.n_in, layer.n_out) for layer in layers), default=0)
 
 
 def group_runs(build: Callable[[Sequence[Layer]], list[lay.GroupLayout]],
@@ -131,6 +147,9 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
         held = (held_layers.HeldLayers(cp, module, entries, config, sms,
                                        launcher.blocks_per_sm)
                 if held_layers.supported(props) else None)
+        whole = (whole_network.WholeNetwork(cp, module, entries, width, sms,
+                                            launcher.blocks_per_sm)
+                 if whole_network.qualifies(plans, width, _edges(layers), smem) else None)
         stream.synchronize()
     info = {
         "kernels": kinds,
@@ -140,5 +159,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
         "compile_seconds": round(compile_s, 4),
         "kernels_compiled": compiled,
         "grids": sorted({(e.plan.kind, e.full.grid, e.full.threads) for e in entries}),
+        # batches of at most this many rows run every layer in one launch (0: none)
+        "whole_network_rows": 0 if whole is None else whole.max_rows,
     }
-    return DeviceNetwork(module, entries, width, held, info)
+    return DeviceNetwork(module, entries, width, held, whole, info)
