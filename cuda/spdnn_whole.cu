@@ -17,7 +17,9 @@
 // One layer's arguments, in a device array indexed by layer (the host builds it
 // with the same field offsets: whole.WHOLE_LAYER_DTYPE).
 struct WholeLayer {
-  const int2* spans;  // output j: (first entry, degree)
+  // the outputs in the slots the warps take them from (whole.balanced_spans):
+  // (first entry, degree | output << 16); output 0xffff: an empty slot
+  const int2* spans;
   const u16* idx;  // input ids, each output's from a multiple of 8
   const float* vals;  // null: the uniform weight ``scale``
   const float* bias_v;  // null: bias_s for every output
@@ -78,16 +80,19 @@ __global__ void __launch_bounds__(512)
       const bool last = k == n_layers - 1;
       float* row_out = dst + t * tstride + r0 + half * 4;
       u32 bits = 0u;
-      for (int j = warp * 16 + (lane >> 1); j < L.n_out; j += nwarps * 16) {
-        const int2 sp = __ldg(L.spans + j);
+      const int step = nwarps * 16, slots = (L.n_out + step - 1) / step * step;
+      for (int s = warp * 16 + (lane >> 1); s < slots; s += step) {
+        const int2 sp = __ldg(L.spans + s);
+        const int j = (int)((u32)sp.y >> 16), deg = sp.y & 0xffff;
+        if (j == 0xffff) continue;
         const uint4* ip = reinterpret_cast<const uint4*>(L.idx) + sp.x / 8;
         const float* xq = in + half * 4;
         float4 acc;
         if (L.vals) {
           acc = csr_rows4_staged<true, R>(ip, reinterpret_cast<const float4*>(L.vals) + sp.x / 4,
-                                          sp.y, xq);
+                                          deg, xq);
         } else {
-          acc = csr_rows4_staged<false, R>(ip, nullptr, sp.y, xq);
+          acc = csr_rows4_staged<false, R>(ip, nullptr, deg, xq);
         }
         const float b = L.bias_v ? __ldg(L.bias_v + j) : L.bias_s;
         const float4 y = activate4(acc, L.scale, b, L.floor, L.clip);

@@ -5,6 +5,7 @@ it applies (its numbers: tests/gpu/test_cuda_whole.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import random_network
 from test_cuda_fake_device import backend_and_log  # noqa: F401 (a fixture)
 from test_cuda_held import assert_table_is_struct
@@ -95,9 +96,49 @@ def test_which_networks_run_so(backend_and_log):  # noqa: F811
     backend.load_network(random_network(rng, [4000, 30], 0.01).layers)
     assert backend._network.whole is None
     assert backend.describe()["whole_network_rows"] == 0
-    heavy = random_network(rng, [300, 300, 10], 0.5)  # 45k + 1.5k weights
+    heavy = random_network(rng, [400, 400, 10], 0.75)  # 120k + 3k weights
     backend.load_network(heavy.layers)
     assert backend._network.whole is not None
-    heavy.layers[1] = random_network(rng, [300, 300], 0.3).layers[0]  # 45k + 27k
+    heavy.layers[1] = random_network(rng, [400, 400], 0.1).layers[0]  # 120k + 16k
     backend.load_network(heavy.layers)
     assert backend._network.whole is None
+
+
+def _chunks_of_slowest_warp(slots, warps):
+    """Chunks of 8 entries the slowest warp waits for: at each of its steps, the
+    heaviest output of the 16."""
+    deg = (slots.view(np.uint32)[:, 1] & 0xFFFF).astype(np.int64)
+    chunks = -(-deg.reshape(-1, warps, whole.STEP) // 8)  # (iteration, warp, output)
+    steps = chunks.max(axis=2)
+    return int(steps.sum(axis=0).max())
+
+
+def test_balanced_spans_hold_every_output_once_and_even_out_the_warps():
+    rng = np.random.default_rng(5)
+    n_out, warps = 1027, whole.THREADS // 32
+    deg = rng.integers(0, 40, n_out)
+    deg[rng.random(n_out) < 0.05] = rng.integers(300, 700)  # a few heavy outputs
+    first = np.concatenate([[0], np.cumsum(-(-deg // 8) * 8)[:-1]])
+    spans = np.stack([first, deg], axis=1).astype(np.int32)
+    slots = whole.balanced_spans(spans, warps)
+    step = warps * whole.STEP
+    assert slots.dtype == np.int32 and len(slots) == -(-n_out // step) * step
+    words = slots.view(np.uint32)
+    ids = words[:, 1] >> 16
+    real = ids != whole.EMPTY
+    assert sorted(ids[real].tolist()) == list(range(n_out))
+    np.testing.assert_array_equal(words[real, 1] & 0xFFFF, deg[ids[real]])
+    np.testing.assert_array_equal(words[real, 0], first[ids[real]])
+    assert not np.any(words[~real, 1] & 0xFFFF)  # empty slots: no entries
+    # the slowest warp: within one step of the bound (the mean or the heaviest step),
+    # where output order leaves it several heavy steps
+    natural = np.zeros((len(slots), 2), dtype=np.uint32)
+    natural[:, 1] = whole.EMPTY << 16
+    natural[:n_out, 1] = deg | (np.arange(n_out) << 16)
+    chunks = -(-deg // 8)
+    bound = max(chunks.max(), -(-np.sort(chunks)[::-1][::whole.STEP].sum() // warps))
+    assert _chunks_of_slowest_warp(slots, warps) <= bound + chunks.max()
+    assert (_chunks_of_slowest_warp(slots, warps)
+            < _chunks_of_slowest_warp(natural.view(np.int32), warps))
+    with pytest.raises(ValueError, match="16-bit"):
+        whole.balanced_spans(np.array([[0, 70000]], dtype=np.int32), warps)

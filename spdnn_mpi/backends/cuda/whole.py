@@ -10,12 +10,12 @@ weights and the batch is one wave (a block for each 8 rows). The outputs are the
 bits as one layer a launch.
 
 Where the rule comes from (H100, 2026-12-07, the shipped MNIST models, ``run_inference``
-medians, same process): at 1000 rows (125 blocks) one launch took 0.89x the layer-a-
-launch time with 18.6k weights (99 %), 0.92x with 37k (98 %), 1.00x with 93k (95 %)
-and 1.12x with 186k (90 %); at 4096 rows (4 items a block) 1.13-1.50x. A block of 512
-threads holds its SM alone, so one launch wins only while the work is small enough
-that the launches and trips through global memory it saves outweigh the warps it
-leaves unused.
+medians, one process): at 1000 rows (125 blocks) one launch took 0.82x the layer-a-
+launch time with 18.6k weights (99 %), 0.84x with 37k (98 %), 0.91x with 93k (95 %)
+and 1.03x with 186k (90 %); at 4096 rows (4 items a block, before the outputs were
+balanced over the warps) 1.13-1.50x. A block of 512 threads holds its SM alone, so one
+launch wins only while the work is small enough that the launches and trips through
+global memory it saves outweigh the warps it leaves unused.
 
 Host logic: which networks qualify, the per-layer argument table, the launch.
 """
@@ -44,9 +44,13 @@ ROWS = 8
 KERNEL = f"whole_network<{ROWS}>"
 #: Threads a block (the kernel's launch bounds).
 THREADS = 512
-#: Most weights (all layers) of a network that runs so: between the 98 % model's 37k,
-#: where one launch won, and the 95 % model's 93k, where it tied.
-MAX_EDGES = 1 << 16
+#: Outputs a warp takes at a time (two lanes an output) and the id of a slot that
+#: holds none (past every layer's outputs: ``smem_bytes`` bounds the widths).
+STEP = 16
+EMPTY = 0xFFFF
+#: Most weights (all layers) of a network that runs so: between the 95 % model's 93k,
+#: where one launch won, and the 90 % model's 186k, where it lost.
+MAX_EDGES = 1 << 17
 
 
 def smem_bytes(width: int) -> int:
@@ -62,6 +66,39 @@ def qualifies(plans: Sequence[lay.LayerPlan], width: int, edges: int,
             and edges <= MAX_EDGES and smem_bytes(width) <= smem_limit)
 
 
+def balanced_spans(spans: np.ndarray, warps: int) -> np.ndarray:
+    """``spans`` (output j: first entry, degree) in the slots a block's ``warps``
+    warps take them from, ``(it * warps + w) * STEP + p``: its ``p``-th output at
+    iteration ``it`` of warp ``w``; each slot ``(first entry, degree | j << 16)``,
+    ``EMPTY`` for none.
+
+    A layer lasts as long as its slowest warp (a barrier follows), and a warp's
+    step as long as its heaviest output, so outputs sorted by degree go ``STEP``
+    to a step and each step to the warp with the fewest chunks so far (every warp
+    takes as many steps): the 99 % model's second layer waits for 34 chunks of 8
+    entries, its heaviest output alone, instead of 53 in output order."""
+    n_out = len(spans)
+    deg = np.asarray(spans[:, 1], dtype=np.int64)
+    if n_out > EMPTY or (n_out and int(deg.max()) > EMPTY):
+        raise ValueError(f"{n_out} outputs or a degree over {EMPTY}: no 16-bit slot ids")
+    order = np.argsort(-deg, kind="stable")
+    n_steps = -(-n_out // STEP)
+    iters = -(-n_steps // warps)
+    out = np.zeros((iters * warps * STEP, 2), dtype=np.uint32)
+    out[:, 1] = EMPTY << 16
+    load, taken = np.zeros(warps, dtype=np.int64), np.zeros(warps, dtype=np.int64)
+    for step in range(n_steps):
+        ids = order[step * STEP:(step + 1) * STEP]
+        free = np.flatnonzero(taken < iters)
+        w = free[np.argmin(load[free])]
+        slot = (taken[w] * warps + w) * STEP
+        out[slot:slot + len(ids), 0] = spans[ids, 0]
+        out[slot:slot + len(ids), 1] = deg[ids] | (ids.astype(np.int64) << 16)
+        load[w] += -(-deg[ids[0]] // 8)  # the step's heaviest output: sorted first
+        taken[w] += 1
+    return out.view(np.int32)
+
+
 def _pointer(array: Any) -> int:
     return 0 if isinstance(array, np.integer) else int(array.data.ptr)
 
@@ -72,12 +109,15 @@ class WholeNetwork:
     def __init__(self, cp: Any, module: Any, entries: Sequence[LayerLaunch], width: int,
                  n_sms: int, blocks_per_sm: Callable[[Any, int, int], int]) -> None:
         table = np.zeros(len(entries), dtype=WHOLE_LAYER_DTYPE)
+        self._slots = []  # each layer's balanced_spans on the device (the table points)
         for k, entry in enumerate(entries):
             spans, idx, vals = entry.extra
             n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
             has_vals = int(vals.size) > 1  # one float: the uniform weight is scale
-            table[k] = (_pointer(spans), _pointer(idx), _pointer(vals) if has_vals else 0,
-                        _pointer(bias_v), n_in, n_out, scale, bias_s, floor, clip)
+            self._slots.append(cp.asarray(balanced_spans(spans.get(), THREADS // 32)))
+            table[k] = (_pointer(self._slots[-1]), _pointer(idx),
+                        _pointer(vals) if has_vals else 0, _pointer(bias_v), n_in, n_out,
+                        scale, bias_s, floor, clip)
         self.n_layers = len(entries)
         self.table = cp.asarray(table.view(np.uint8))
         self._counts = cp.zeros(max(1, self.n_layers), dtype=np.int32)  # zero between runs
