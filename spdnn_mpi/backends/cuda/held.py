@@ -29,7 +29,7 @@ import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
 from spdnn_mpi.backends.cuda.config import KernelConfig
-from spdnn_mpi.backends.cuda.launch import LayerLaunch
+from spdnn_mpi.backends.cuda.launch import LayerLaunch, device_pointer
 
 #: ``HeldLayer`` of cuda/spdnn_held.cu, field for field (offsets and size included).
 HELD_LAYER_DTYPE = np.dtype({
@@ -130,10 +130,6 @@ def _span(todo: Sequence[tuple[int, bool]], i: int, keys: Sequence, most: int) -
     return n
 
 
-def _pointer(array: Any) -> int:
-    return 0 if isinstance(array, np.integer) else int(array.data.ptr)
-
-
 class HeldLayers:
     """The network's argument table and kernels; the runs of a piece to launch as one."""
 
@@ -153,8 +149,8 @@ class HeldLayers:
             self._groups[k] = int(n_groups)
             n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
             self._widths[k] = max(int(n_in), int(n_out))
-            table[k] = (_pointer(gidx), _pointer(gout), _pointer(bias_v), n_groups, n_in,
-                        n_out, scale, bias_s, floor, clip, 0)
+            table[k] = (device_pointer(gidx), device_pointer(gout), device_pointer(bias_v),
+                        n_groups, n_in, n_out, scale, bias_s, floor, clip, 0)
         grouped_inputs = self._group_inputs(cp, table)
         self.table = cp.asarray(table.view(np.uint8))
         if grouped_inputs is not None:
@@ -184,7 +180,7 @@ class HeldLayers:
         counts = np.array([self._groups[k] * self._forms[k][0] for k in listed], np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)])
         self._grouped_ids = cp.empty(int(offsets[-1]), dtype=np.uint16)
-        base = _pointer(self._grouped_ids)
+        base = device_pointer(self._grouped_ids)
         for k, offset in zip(listed, offsets):
             table[k]["gidx_grp"] = base + 2 * int(offset)
         width = max(int(table[k - 1]["n_out"]) for k in listed)

@@ -51,6 +51,12 @@ class Launch(NamedTuple):
     smem: int  # dynamic shared memory a block, bytes
 
 
+def device_pointer(array: Any) -> int:
+    """The device address of a ``head`` or ``extra`` argument for a kernel's argument
+    table; 0 for a scalar that stands in for an absent array (no bias vector)."""
+    return 0 if isinstance(array, np.integer) else int(array.data.ptr)
+
+
 @dataclass(frozen=True)
 class LayerLaunch:
     """Everything the layer loop needs to launch one layer (``Launcher.layer_entry``).

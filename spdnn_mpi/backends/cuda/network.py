@@ -54,22 +54,22 @@ def plan_layers(props: dict, variant: str, layers: Sequence[Layer]) -> list[lay.
 
 def network_kernels(props: dict, variant: str, layers: Sequence[Layer]) -> list[str]:
     """The kernel instantiations ``layers`` need on a device with ``props``."""
-    return _kernel_names(props, plan_layers(props, variant, layers), layers)
+    plans = plan_layers(props, variant, layers)
+    return _kernel_names(props, plans, layers, _runs_whole(props, plans, layers))
 
 
-def _kernel_names(props: dict, plans: Sequence[lay.LayerPlan],
-                  layers: Sequence[Layer]) -> list[str]:
+def _kernel_names(props: dict, plans: Sequence[lay.LayerPlan], layers: Sequence[Layer],
+                  whole: bool) -> list[str]:
     """``kernel_names`` of ``plans``, the one-launch forms where the device runs them
-    and the whole network's where it qualifies (``whole``)."""
+    and (``whole``: ``_runs_whole``) the whole network's."""
     names = kernel_names(plans, layers if held_layers.supported(props) else None)
-    if whole_network.qualifies(plans, network_width(layers), _edges(layers),
-                               smem_limit(props)):
-        names = sorted({*names, whole_network.KERNEL})
-    return names
+    return sorted({*names, whole_network.KERNEL}) if whole else names
 
 
-def _edges(layers: Sequence[Layer]) -> int:
-    return sum(layer.nnz for layer in layers)
+def _runs_whole(props: dict, plans: Sequence[lay.LayerPlan], layers: Sequence[Layer]) -> bool:
+    """Whether small batches of ``layers`` run every layer in one launch (``whole``)."""
+    return whole_network.qualifies(plans, network_width(layers),
+                                   sum(layer.nnz for layer in layers), smem_limit(props))
 
 
 def network_width(layers: Sequence[Layer]) -> int:
@@ -112,7 +112,8 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     sms = int(props["multiProcessorCount"])
     smem = smem_limit(props)
     plans = plan_layers(props, variant, layers)
-    names = _kernel_names(props, plans, layers)
+    whole = _runs_whole(props, plans, layers)
+    names = _kernel_names(props, plans, layers, whole)
     t_compile = time.perf_counter()
     first, compiled = module_and_whether_compiled(device_id, names, config)
     compile_s = time.perf_counter() - t_compile
@@ -122,7 +123,7 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
     kinds: dict[str, int] = {}
     forms: dict[str, int] = {}  # kernels by name (layer_group_sum<32>, ...)
     entries: list[LayerLaunch] = []
-    width = 0
+    width = network_width(layers)
     with device, stream:
         grouped = group_runs(launcher.group_layouts, layers, plans)
         # grouped layers whose groups came out too sparse fall back to another kernel,
@@ -141,15 +142,13 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
             kinds[entry.plan.kind] = kinds.get(entry.plan.kind, 0) + 1
             forms[entry.plan.kernel] = forms.get(entry.plan.kernel, 0) + 1
             entries.append(entry)
-            width = max(width, layer.n_in, layer.n_out)
             if progress is not None:
                 progress(len(entries))
         held = (held_layers.HeldLayers(cp, module, entries, config, sms,
                                        launcher.blocks_per_sm)
                 if held_layers.supported(props) else None)
-        whole = (whole_network.WholeNetwork(cp, module, entries, width, sms,
-                                            launcher.blocks_per_sm)
-                 if whole_network.qualifies(plans, width, _edges(layers), smem) else None)
+        one_launch = (whole_network.WholeNetwork(cp, module, entries, width, sms,
+                                                 launcher.blocks_per_sm) if whole else None)
         stream.synchronize()
     info = {
         "kernels": kinds,
@@ -160,6 +159,6 @@ def build_network(cp: Any, device: Any, stream: Any, device_id: int, props: dict
         "kernels_compiled": compiled,
         "grids": sorted({(e.plan.kind, e.full.grid, e.full.threads) for e in entries}),
         # batches of at most this many rows run every layer in one launch (0: none)
-        "whole_network_rows": 0 if whole is None else whole.max_rows,
+        "whole_network_rows": 0 if one_launch is None else one_launch.max_rows,
     }
-    return DeviceNetwork(module, entries, width, held, whole, info)
+    return DeviceNetwork(module, entries, width, held, one_launch, info)

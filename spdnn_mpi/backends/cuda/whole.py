@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.launch import LayerLaunch
+from spdnn_mpi.backends.cuda.launch import LayerLaunch, device_pointer
 
 #: ``WholeLayer`` of cuda/spdnn_whole.cu, field for field (offsets and size included).
 WHOLE_LAYER_DTYPE = np.dtype({
@@ -99,10 +99,6 @@ def balanced_spans(spans: np.ndarray, warps: int) -> np.ndarray:
     return out.view(np.int32)
 
 
-def _pointer(array: Any) -> int:
-    return 0 if isinstance(array, np.integer) else int(array.data.ptr)
-
-
 class WholeNetwork:
     """The network's argument table, its kernel and the rule for when it runs."""
 
@@ -115,9 +111,9 @@ class WholeNetwork:
             n_in, n_out, scale, bias_s, bias_v, floor, clip = entry.head
             has_vals = int(vals.size) > 1  # one float: the uniform weight is scale
             self._slots.append(cp.asarray(balanced_spans(spans.get(), THREADS // 32)))
-            table[k] = (_pointer(self._slots[-1]), _pointer(idx),
-                        _pointer(vals) if has_vals else 0, _pointer(bias_v), n_in, n_out,
-                        scale, bias_s, floor, clip)
+            table[k] = (device_pointer(self._slots[-1]), device_pointer(idx),
+                        device_pointer(vals) if has_vals else 0, device_pointer(bias_v),
+                        n_in, n_out, scale, bias_s, floor, clip)
         self.n_layers = len(entries)
         self.table = cp.asarray(table.view(np.uint8))
         self._counts = cp.zeros(max(1, self.n_layers), dtype=np.int32)  # zero between runs
