@@ -31,17 +31,16 @@ def unpack_results(data: np.ndarray, n_run: int, width: int, want_features: bool
     head = results_head(n_run)
     n_alive = int(data[0])
     first = 1 + ST_SIZE
-    state = data[1:first].copy()
-    live = data[first:first + n_run].tolist()
-    stamps = data[first + n_run:head].copy().view(np.uint64).tolist()  # exact ns (ints)
-    pos = data[head:head + n_alive].astype(np.int64)
+    per_row = 1 + (width if want_features else 0)
+    own = data[:head + n_alive * per_row].copy()  # one copy; the parts are views of it
+    state = own[1:first]
+    live = own[first:first + n_run].tolist()
+    stamps = own[first + n_run:head].view(np.uint64).tolist()  # exact ns (ints)
+    pos = own[head:head + n_alive].astype(np.int64)
     features = None
     if want_features:
-        flat = data[head + n_alive:head + n_alive * (1 + width)]
-        features = flat.view(np.float32).reshape(n_alive, width)
-    if ordered or n_alive < 2 or not np.count_nonzero(pos[1:] <= pos[:-1]):
-        features = None if features is None else features.copy()
-    else:
+        features = own[head + n_alive:].view(np.float32).reshape(n_alive, width)
+    if not ordered and n_alive > 1 and np.count_nonzero(pos[1:] <= pos[:-1]):
         order = np.argsort(pos, kind="stable")
         pos = pos[order]
         features = None if features is None else features[order]
