@@ -99,8 +99,8 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
 
     results = types.SimpleNamespace(
         enqueue_copy=lambda stream, words: log.append(f"copy{words}"))
-    queue = LayerQueue(types.SimpleNamespace(), results, contextlib.nullcontext(), Stream(),
-                       132, graphs=True)
+    queue = LayerQueue(types.SimpleNamespace(loaded_rows=0), results, contextlib.nullcontext(),
+                       Stream(), 132, graphs=True)
     queue.attach(types.SimpleNamespace(get_function=lambda name: (
         lambda grid, threads, args: log.append("gather"))), [])
     queue.launch = lambda k, drop, held: log.append(f"layer{k}")

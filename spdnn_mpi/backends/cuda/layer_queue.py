@@ -42,6 +42,10 @@ class LayerQueue:
         self.capture_seconds = 0.0  # host time capturing graphs, the device idle meanwhile
         # the last finish's (shape and buffers, read plan, gather, the results' array)
         self._finish_plan: tuple | None = None
+        # (layers, rows held, gather, rows loaded, graph) of the last graph launched: a
+        # small batch run again skips building its key and looking it up (4.6-6.9 us
+        # of an 84-132 us run of a pruned model at 1000 images, H100)
+        self._last_graph: tuple | None = None
 
     def attach(self, module: Any, layers: list[LayerLaunch], held: HeldLayers | None = None,
                whole: WholeNetwork | None = None) -> None:
@@ -55,6 +59,7 @@ class LayerQueue:
         self._gather = module.get_function("gather_results")
         self.graphs.clear()
         self._finish_plan = None
+        self._last_graph = None
 
     def start_batch(self) -> None:
         """A new batch: nothing queued, every row held in tiles."""
@@ -121,7 +126,12 @@ class LayerQueue:
         todo, self.pending = tuple(self.pending), []
         cache = self.graphs
         if todo and cache.on:
-            graph = cache.get(self._key(todo, self.held, gather))
+            rows, last = self._buffers.loaded_rows, self._last_graph
+            if (last is not None and last[2] is gather and last[0] == todo
+                    and last[1] == self.held and last[3] == rows):
+                graph = last[4]
+            else:
+                graph = cache.get(self._key(todo, self.held, gather))
             if graph is None:
                 t0 = time.perf_counter()
                 with self._device, self._stream:
@@ -132,6 +142,7 @@ class LayerQueue:
                             self._capture(todo, held, gather)
                 self.capture_seconds += time.perf_counter() - t0
             if graph is not None:
+                self._last_graph = (todo, self.held, gather, rows, graph)
                 with self._device:  # the stream is named: no current-stream switch
                     graph.launch(stream=self._stream)
                 return
