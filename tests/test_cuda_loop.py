@@ -117,6 +117,16 @@ def test_layer_pieces_are_captured_once_then_launched_as_graphs():
     queue.pending = [(0, True), (1, False)]
     queue.flush(gather=(4, (np.int32(3),), (4, 3, (1, 2, 0)), 0))
     assert log == ["begin", "layer0", "layer1", "gather", "end", "graph"]
+    log.clear()  # other rows held: another graph; then the first one again, found by
+    for held, rows in ((8, 0), (0, 5)):  # its key (no one launch: the rows loaded are not in it)
+        queue.held, queue._buffers.loaded_rows = held, rows
+        queue.pending = [(0, True), (1, False)]
+        queue.flush(gather=gather)
+    assert log == ["begin", "layer0", "layer1", "gather", "copy77", "end", "graph", "graph"]
+    log.clear()  # the last graph, again as it was: only launched
+    queue.pending = [(0, True), (1, False)]
+    queue.flush(gather=gather)
+    assert log == ["graph"]
     log.clear()  # merging: the piece is captured for every number of rows held
     queue.merging, queue.pending = True, [(2, True)]
     queue.flush()
