@@ -115,6 +115,17 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
+// The state block_plan would leave after a run's last layer: its outputs in buffer
+// sel, live rows alive, no compaction pending (one thread, at the end of a launch
+// of several layers: the held forms, whole_network).
+__device__ __forceinline__ void held_run_end(int* state, int sel, int live) {
+  state[ST_SEL] = sel;
+  state[ST_NEW_ROWS] = live;
+  state[ST_DO_COMPACT] = 0;
+  state[ST_DID_COMPACT] = 0;
+  __threadfence();
+}
+
 // Every block calls this at its end; returns true in exactly one block, the
 // last to finish, after all other blocks' writes are visible.
 __device__ __forceinline__ bool last_block_done(int* state) {

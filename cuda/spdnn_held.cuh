@@ -81,16 +81,6 @@ __device__ __forceinline__ void prefetch_bytes(const void* p, i64 bytes, int thr
   }
 }
 
-// The state block_plan would leave after a run's last layer: its outputs in buffer
-// sel, live rows alive, no compaction pending (one thread, at the end of a held form).
-__device__ __forceinline__ void held_run_end(int* state, int sel, int live) {
-  state[ST_SEL] = sel;
-  state[ST_NEW_ROWS] = live;
-  state[ST_DO_COMPACT] = 0;
-  state[ST_DID_COMPACT] = 0;
-  __threadfence();
-}
-
 // A layer's group ids, input (``in``: its gidx or gidx_grp) and output, into L2.
 template <int D>
 __device__ __forceinline__ void prefetch_ids(const HeldLayer& L, const u16* in, int thread,

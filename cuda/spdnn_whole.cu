@@ -128,13 +128,9 @@ __global__ void __launch_bounds__(512)
     const int live = tile_prefix<1>(mask, nullptr,
                                     reinterpret_cast<int*>(ptrs[P_TILE_BASE]), n_tiles, n_rows);
     if (threadIdx.x == 0) {
-      state[ST_SEL] = (sel + n_layers) & 1;
-      state[ST_DO_COMPACT] = COMPACT_NONE;
-      state[ST_NEW_ROWS] = live;
       state[ST_NEW_SLOTS] = live;
-      state[ST_DID_COMPACT] = 0;
       stamps[n_layers] = global_ns();
-      __threadfence();
+      held_run_end(state, (sel + n_layers) & 1, live);
       state[ST_DONE] = 0;
     }
   }
