@@ -31,6 +31,7 @@
 #define ST_HAS_PAD 11     // the buffer holds padding slots (dead rows) of a padded compaction
 #define ST_PADDED_COMPACTIONS 12  // of ST_COMPACTIONS, those to 8-aligned slots (reported)
 #define ST_LAYERS 13      // layers of the network (the plan weighs a compaction by those left)
+#define ST_INPUT_BITS 14  // the batch's inputs are bits (scatter_bits), read so by layer 0
 #define ST_SIZE 16
 
 // Values of ST_DO_COMPACT. One word says both whether and how, and the

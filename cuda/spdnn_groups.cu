@@ -52,6 +52,18 @@ __device__ __forceinline__ float4 gather4(const float* p, u64 policy) {
   return v;
 }
 
+// Binary inputs as bits (scatter_bits): a tile holds one word a neuron, bit r
+// for row r, where the feature tile holds 32 floats. Rows r4 .. r4 + 3 of the
+// word at p as the floats the feature tile would hold (0 or 1): the same values,
+// so the same sums, from a 32nd of the bytes.
+__device__ __forceinline__ float4 bits4(const u32* p, int r4, u64 policy) {
+  u32 w;
+  asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(w) : "l"(p), "l"(policy));
+  w >>= r4;
+  return make_float4((float)(w & 1u), (float)((w >> 1) & 1u), (float)((w >> 2) & 1u),
+                     (float)((w >> 3) & 1u));
+}
+
 // Calls f(slot, output id) for each used slot of the LS a lane computes (op:
 // at the first of them; unused slots have id -1).
 template <int LS, typename F>
@@ -129,8 +141,9 @@ __device__ __forceinline__ u64 sum_store_compacted(float4 acc, const int4* __res
 // place at out or, compacting, to the rows' compacted slots in dst; returns
 // the rows' alive bits as bits of output tiles o.t0, o.t0 + 1. SUM: one sum
 // for every slot (uniform layers; wp unused; compacting, through stage:
-// sum_store_compacted).
-template <int D, int LS, bool COMPACT, bool SUM>
+// sum_store_compacted). BITS: the input tile holds bits (bits4; xq - r4 its
+// first word).
+template <int D, int LS, bool COMPACT, bool SUM, bool BITS = false>
 __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __restrict__ ip,
                                            const int4* __restrict__ op,
                                            const float4* __restrict__ wp, const float* xq,
@@ -150,8 +163,15 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
     for (int p = 0; p < B; p += 2) {
       const uint4 iv = __ldg(ip + (p0 + p) / 8);
       const u32 w = (&iv.x)[((p0 + p) % 8) / 2];
-      x[p] = gather4(xq + (w & 0xffffu) * 32, keep);
-      x[p + 1] = gather4(xq + (w >> 16) * 32, keep);
+      if constexpr (BITS) {
+        const int r4 = (threadIdx.x & 7) * 4;
+        const u32* words = reinterpret_cast<const u32*>(xq - r4);
+        x[p] = bits4(words + (w & 0xffffu), r4, keep);
+        x[p + 1] = bits4(words + (w >> 16), r4, keep);
+      } else {
+        x[p] = gather4(xq + (w & 0xffffu) * 32, keep);
+        x[p + 1] = gather4(xq + (w >> 16) * 32, keep);
+      }
     }
     if constexpr (SUM) {
 #pragma unroll
@@ -195,8 +215,8 @@ __device__ __forceinline__ u64 group_rows4(const LayerArgs& a, const uint4* __re
 }
 
 // The kernel's walk over (tile, warp step) units, in place or compacting; LS
-// slots a lane, SUM as in group_rows4.
-template <int D, int LS, bool COMPACT, bool PAD, bool SUM>
+// slots a lane, SUM and BITS as in group_rows4.
+template <int D, int LS, bool COMPACT, bool PAD, bool SUM, bool BITS = false>
 __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction& cmp,
                                            int n_groups, const u16* __restrict__ gidx,
                                            const int* __restrict__ gout,
@@ -237,7 +257,7 @@ __device__ __forceinline__ void group_walk(const LayerArgs& a, const Compaction&
       const int g = step * GPW + q / SPLIT;
       if (COMPACT && step == 0 && q == 0) move_positions(cmp, o, t, r4);
       const i64 tile_at = (i64)t * a.tstride + r4;
-      alive |= group_rows4<D, LS, COMPACT, SUM>(a, gidx4 + (i64)g * (D / 8),
+      alive |= group_rows4<D, LS, COMPACT, SUM, BITS>(a, gidx4 + (i64)g * (D / 8),
                                                 gout4 + ((i64)g * GROUP_SLOTS + s0) / 4,
                                                 gw4 + ((i64)g * wstride + s0) / 4,
                                                 src + tile_at, keep, dst + tile_at, o, dst,
@@ -270,7 +290,8 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GROUP_MIN_BLOCKS)
 
 // The shared-sum form for uniform layers (gw, wstride: unused, kept so both
 // forms take the same arguments): a lane computes all 16 slots of its group
-// from one sum, 4 groups a warp step.
+// from one sum, 4 groups a warp step. Layer 0 of a batch whose inputs were
+// loaded as bits (ST_INPUT_BITS; nothing is compacted before it) reads them so.
 template <int D>
 __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GSUM_MIN_BLOCKS)
     layer_group_sum(LAYER_PARAMS, int n_groups, const u16* __restrict__ gidx,
@@ -280,9 +301,18 @@ __global__ void __launch_bounds__(SPDNN_GROUP_THREADS, SPDNN_GSUM_MIN_BLOCKS)
   __shared__ float stage[SPDNN_GROUP_THREADS * 4];  // 32 floats a quarter-warp
   float* my_stage = stage + (threadIdx.x >> 3) * 32;
   const Compaction cmp = compaction_of(a);
+  const bool bits = a.k == 0 && ld_state(a.state, ST_INPUT_BITS);
   with_form<true>(cmp, [&](auto form) {
-    group_walk<D, GROUP_SLOTS, decltype(form)::compact, decltype(form)::pad, true>(
-        a, cmp, n_groups, gidx, gout, gw, wstride, chunk, my_stage);
+    constexpr bool compact = decltype(form)::compact, pad = decltype(form)::pad;
+    if constexpr (!compact) {
+      if (bits) {
+        group_walk<D, GROUP_SLOTS, false, false, true, true>(a, cmp, n_groups, gidx, gout, gw,
+                                                             wstride, chunk, my_stage);
+        return;
+      }
+    }
+    group_walk<D, GROUP_SLOTS, compact, pad, true>(a, cmp, n_groups, gidx, gout, gw, wstride,
+                                                   chunk, my_stage);
   });
   finish_layer<true>(a, cmp.on, cmp.pad);
 }

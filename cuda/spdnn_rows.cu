@@ -23,6 +23,25 @@ __global__ void scatter_rows(float* buf, i64 tstride, const int* __restrict__ ro
   }
 }
 
+// Binary inputs as bits: one warp per row slot s sets bit s % 32 of the word of
+// each of input row rowsel[s]'s columns in tile s / 32 (a tile's words where its
+// floats would start, zeroed before; layer 0 reads them: layer_group_sum).
+template <typename I>
+__global__ void scatter_bits(u32* words, i64 tstride, const int* __restrict__ rowsel,
+                             int n_active, const i64* __restrict__ indptr,
+                             const I* __restrict__ indices, int* pos) {
+  const int lane = threadIdx.x & 31;
+  const int nw = (blockDim.x >> 5) * gridDim.x;
+  for (int s = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); s < n_active; s += nw) {
+    const int q = rowsel[s];
+    if (lane == 0) pos[s] = q;
+    u32* tile = words + (i64)(s >> 5) * tstride;
+    const u32 bit = 1u << (s & 31);
+    const i64 p1 = indptr[q + 1];
+    for (i64 p = indptr[q] + lane; p < p1; p += 32) atomicOr(tile + (i64)indices[p], bit);
+  }
+}
+
 extern "C" __global__ void stamp(u64* stamps, int slot) {
   if (threadIdx.x == 0 && blockIdx.x == 0) stamps[slot] = global_ns();
 }

@@ -106,6 +106,28 @@ def test_first_layers_rows_and_totals_from_a_fake_result():
     assert untimed["all"]["measured_us"] is None
 
 
+def test_a_first_layer_reading_bits_has_a_floor_of_an_eighth_byte_an_input():
+    """Binary inputs read as bits: layer 1 reads n_in / 8 bytes a row, not 4 n_in; the
+    later layers' floors are as before, and the table's legend says so."""
+    # 65536 -> 65536, 32 an output, 60000 rows: 60000 x (65536 / 8 + 4 x 65536) B of
+    # features + 2 B x 2097152 indices
+    fl = layer_floor(65536, 65536, 32, 60000, H100_SXM, input_bytes=1 / 8)
+    assert fl["bytes"] == 60000 * (8192 + 262144) + 4_194_304
+    net = SimpleNamespace(layers=[_layer(1024, 1024, 32)] * 3)
+    row = _gpu_row()
+    add_first_layers(row, net, 3, H200, H200.name, input_bits=True)
+    floors = row["first_layers"]["floor_us_per_layer"]
+    assert floors[0] == pytest.approx(
+        1e6 * layer_floor(1024, 1024, 32, 60000, H200, input_bytes=1 / 8)["seconds"])
+    assert floors[1] == pytest.approx(1e6 * layer_floor(1024, 1024, 32, 20000, H200)["seconds"])
+    assert row["first_layers"]["input_bits"] is True
+    assert "Layer 1 read its binary inputs as bits" in tables.first_layers_text([row])
+    plain = _gpu_row()
+    add_first_layers(plain, net, 3, H200, H200.name)
+    assert plain["first_layers"]["floor_us_per_layer"][0] > floors[0]
+    assert "as bits" not in tables.first_layers_text([plain])
+
+
 def _gpu_row(net_layers: int = 3) -> dict:
     return {"neurons": 1024, "layers": net_layers, "backend": "cuda",
             "modes": {"off": {"layer_seconds": [2e-4, 1e-4, 1e-5],

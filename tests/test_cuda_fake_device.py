@@ -234,7 +234,9 @@ def test_a_batch_launches_its_layers_once_captured_then_as_one_graph(backend_and
         backend.load_features(rows, drop_empty=True)
         for k in range(len(net.layers)):
             backend.run_layer(k, drop_dead=True)
-        assert log == ["scatter_rows<u16>", "stamp"]  # layers wait for finish
+        # binary inputs to a first layer on the shared-sum kernel: as bits; the layers
+        # wait for finish
+        assert log == ["scatter_bits<u16>", "stamp"]
         # host work handed to finish runs once everything is launched, before the wait
         res = backend.finish(want_features=True, meanwhile=lambda: log.append("meanwhile"))
         assert log[2:] == [*expected, "meanwhile"]
@@ -243,6 +245,32 @@ def test_a_batch_launches_its_layers_once_captured_then_as_one_graph(backend_and
     assert 0 < captured[0] == captured[1]
     backend.release_buffers()
     assert backend.max_batch_rows(1024) >= 32
+
+
+def test_binary_inputs_go_in_as_bits_where_the_first_layer_reads_them_so(backend_and_log):
+    """Inputs whose every value is 1 go to the device as one bit a row of a word a
+    neuron (scatter_bits; ST_INPUT_BITS tells the first layer) where that layer runs on
+    the shared-sum kernel; rows with values, or a first layer on another kernel, get
+    the float tiles (scatter_rows)."""
+    from spdnn_mpi.backends.cuda.readback import ST_INPUT_BITS
+
+    backend, log = backend_and_log
+    rng = np.random.default_rng(8)
+    net = _network(rng)
+    binary = SparseRows.from_dense((rng.random((40, 300)) < 0.2).astype(np.float32))
+    valued = SparseRows.from_dense(rng.random((40, 300)).astype(np.float32)
+                                   * (rng.random((40, 300)) < 0.2))
+    assert binary.values is None and valued.values is not None
+    binary_256 = SparseRows.from_dense((rng.random((40, 256)) < 0.2).astype(np.float32))
+    runs = [(net.layers, binary, "scatter_bits<u16>", 1),
+            (net.layers, valued, "scatter_rows<u16>", 0),
+            (net.layers[1:], binary_256, "scatter_rows<u16>", 0)]  # first layer: CSR
+    for layers, rows, scatter, bits in runs:
+        backend.load_network(layers)
+        log.clear()
+        backend.load_features(rows, drop_empty=True)
+        assert log == [scatter, "stamp"]
+        assert int(backend._buffers.state[ST_INPUT_BITS]) == bits
 
 
 def test_a_batch_end_is_planned_again_when_its_shape_or_buffers_change(backend_and_log,

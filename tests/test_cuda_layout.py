@@ -34,7 +34,7 @@ def test_kernel_sources_found_and_assembled():
     assert src.startswith(config.define_block()) and "#define SPDNN_SMEM_THREADS 256\n" in src
     assert '#include "' not in src  # local headers inlined, so NVRTC needs no -I
     for kernel in ("layer_ell_smem", "layer_ell_global", "layer_csr", "layer_group", "compact_rows",
-                   "scatter_rows", "stamp"):
+                   "scatter_rows", "scatter_bits", "stamp"):
         assert f" {kernel}(" in src or f"\n    {kernel}(" in src, kernel
     assert "#pragma once" not in src and src.count("struct LayerArgs {") == 1
 
@@ -123,12 +123,14 @@ def test_module_instantiates_only_what_the_plans_can_launch(monkeypatch):
         return set(kernel_names([lay.plan_layer(layer, smem, variant) for layer in layers],
                                 layers if held else None))
 
-    # grouped: the shared-sum form only (what auto falls back to is known once laid out)
-    assert names([uniform, uniform]) == scatter | {"layer_group_sum<32>"}
-    assert names([uniform], "group") == scatter | {"layer_group_sum<32>"}
+    # grouped: the shared-sum form only (what auto falls back to is known once laid out);
+    # a first layer in it reads binary inputs as bits, put there by scatter_bits
+    bits = {"scatter_bits<u16>", "scatter_bits<int>"}
+    assert names([uniform, uniform]) == scatter | bits | {"layer_group_sum<32>"}
+    assert names([uniform], "group") == scatter | bits | {"layer_group_sum<32>"}
     assert names([weighted]) == scatter | {"layer_group<16>"}
     assert names([uniform], "csr") == scatter | {"layer_csr<true,false,u16>"}
-    assert names([uniform, weighted]) == names([uniform]) | names([weighted])
+    assert names([weighted, uniform]) == names([uniform]) - bits | names([weighted])
     # where converged layers run in one launch: the shared-sum layers' one-launch form
     # (any rows held), one block a row up to held.ROW_MAX_WIDTH, over the card beyond
     held = {"layers_held_row<32>"}

@@ -55,6 +55,7 @@ config_block $others > "$work/others.h"
   echo "template __global__ void whole_network<8>(const i64*, const WholeLayer*, int, int, int*, int*, u64*, int*);"
   for it in u16 int; do
     echo "template __global__ void scatter_rows<$it>(float*, i64, const int*, int, const i64*, const $it*, const float*, int*);"
+    echo "template __global__ void scatter_bits<$it>(u32*, i64, const int*, int, const i64*, const $it*, int*);"
   done
 } > "$work/instances.cu"
 status=0

@@ -243,7 +243,8 @@ def bench_case(args: argparse.Namespace, store_path: Path, n_layers: int | None,
         del m["_categories"]
     if gpu:  # the floor is a GPU's; a CPU run has none
         device = info.get("device")
-        add_first_layers(row, network, args.first_layers, card_for(device), device)
+        add_first_layers(row, network, args.first_layers, card_for(device), device,
+                         bool(info.get("inputs_as_bits")))
     converged = converged_layers(modes["auto"]) if "auto" in modes else None
     if converged is not None:
         row["converged_layers"] = converged

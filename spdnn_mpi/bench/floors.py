@@ -59,11 +59,13 @@ def card_for(device: str | None) -> Card | None:
 
 
 def layer_floor(n_in: int, n_out: int, degree: float, live: int, card: Card, *,
-                index_bytes: int = INDEX_BYTES, value_bytes: int = 0) -> dict:
+                index_bytes: int = INDEX_BYTES, value_bytes: int = 0,
+                input_bytes: float = FEATURE_BYTES) -> dict:
     """Floor of one layer on ``card``: bytes, FMAs, both times, the larger one, what binds
-    (``value_bytes``: 0 for uniform weights, 4 for a float32 value per weight)."""
+    (``value_bytes``: 0 for uniform weights, 4 for a float32 value per weight;
+    ``input_bytes``: per input value read, 1 / 8 where binary inputs are read as bits)."""
     weights = (index_bytes + value_bytes) * degree * n_out
-    nbytes = FEATURE_BYTES * live * (n_in + n_out) + weights
+    nbytes = live * (input_bytes * n_in + FEATURE_BYTES * n_out) + weights
     fmas = degree * n_out * live
     hbm_s, fma_s = nbytes / card.hbm_bytes_per_s, fmas / card.fma_per_s
     return {"bytes": float(nbytes), "fmas": float(fmas), "hbm_seconds": hbm_s,
@@ -71,13 +73,16 @@ def layer_floor(n_in: int, n_out: int, degree: float, live: int, card: Card, *,
             "bound": "hbm" if hbm_s >= fma_s else "fma"}
 
 
-def network_floors(network, rows_in: Sequence[int], card: Card) -> list[dict]:
-    """``layer_floor`` of every layer of ``network`` on ``card`` for the rows entering it."""
+def network_floors(network, rows_in: Sequence[int], card: Card,
+                   input_bits: bool = False) -> list[dict]:
+    """``layer_floor`` of every layer of ``network`` on ``card`` for the rows entering it
+    (``input_bits``: the first layer read its binary inputs as bits)."""
     out = []
-    for layer, live in zip(network.layers, rows_in):
+    for k, (layer, live) in enumerate(zip(network.layers, rows_in)):
         degree = layer.nnz / layer.n_out if layer.n_out else 0.0
         out.append(layer_floor(layer.n_in, layer.n_out, degree, int(live), card,
-                               value_bytes=0 if layer.values is None else 4))
+                               value_bytes=0 if layer.values is None else 4,
+                               input_bytes=1 / 8 if input_bits and k == 0 else FEATURE_BYTES))
     return out
 
 
@@ -89,14 +94,15 @@ def _percent(floor_s: float | None, measured_s: float | None) -> float | None:
 
 
 def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float] | None,
-                 k: int, card: Card | None) -> dict:
+                 k: int, card: Card | None, input_bits: bool = False) -> dict:
     """Rows for the first ``k`` layers and totals over them and over all layers.
 
     ``rows_in``: rows entering each layer; ``layer_seconds``: measured device seconds
-    per layer (None: floors only); ``card`` None: measured times only.
+    per layer (None: floors only); ``card`` None: measured times only; ``input_bits``:
+    the first layer read its binary inputs as bits (its floor reads those).
     """
     n = len(rows_in)
-    floors = network_floors(network, rows_in, card) if card else [None] * n
+    floors = network_floors(network, rows_in, card, input_bits) if card else [None] * n
     measured = list(layer_seconds) if layer_seconds is not None else [None] * n
     rows = []
     for i, (fl, meas) in enumerate(zip(floors[:k], measured[:k])):
@@ -119,19 +125,21 @@ def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float]
 
 
 def add_first_layers(row: dict, network, k: int, card: Card | None,
-                     device: str | None) -> None:
+                     device: str | None, input_bits: bool = False) -> None:
     """The off mode's first ``k`` layers against ``card``'s floor, into ``row`` (if timed);
-    ``device``, the name the backend reported, is kept beside it (None: no card matched)."""
+    ``device``, the name the backend reported, is kept beside it (None: no card matched);
+    ``input_bits``: the first layer read its binary inputs as bits."""
     off = row["modes"].get("off")
     if k <= 0 or off is None or off.get("layer_seconds") is None:
         return
     rows_in = off["computed_rows_per_layer"]
     row["first_layers"] = {"mode": "off", "device": device,
-                           "card": card.name if card else None,
-                           **first_layers(network, rows_in, off["layer_seconds"], k, card)}
+                           "card": card.name if card else None, "input_bits": input_bits,
+                           **first_layers(network, rows_in, off["layer_seconds"], k, card,
+                                          input_bits)}
     if card:
         row["first_layers"]["floor_us_per_layer"] = [
-            1e6 * f["seconds"] for f in network_floors(network, rows_in, card)]
+            1e6 * f["seconds"] for f in network_floors(network, rows_in, card, input_bits)]
 
 
 def converged_layers(mode: dict) -> dict | None:

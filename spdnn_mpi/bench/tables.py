@@ -119,11 +119,14 @@ def _floor_legend(results: list[dict]) -> str:
     unknown = sorted({fl["device"] or "?" for r in results
                       if (fl := r.get("first_layers")) and not fl["ceilings"]})
     parts = []
+    bits = any((fl := r.get("first_layers")) and fl.get("input_bits") for r in results)
     for card, hbm, fma in known:
         parts.append(f"floor: one {card}, max(HBM bytes / {hbm / 1e12:.1f}e12 B/s, fp32 FMAs "
                      f"/ {fma / 1e12:.1f}e12/s); bytes = 4 B x rows_in x (n_in + n_out) + 2 B "
                      "per weight index; FMAs = nonzeros x rows_in. %floor = floor / measured "
                      "(100 = at the floor).")
+    if bits:
+        parts.append("Layer 1 read its binary inputs as bits: 1/8 B an input in its floor.")
     for device in unknown:
         cards = ", ".join(c.name for c in CARDS)
         parts.append(f"no floor: the device {device!r} is not in the card table "

@@ -215,3 +215,42 @@ def test_edge_cases_every_row_dies_none_die_one_row_zero_rows():
     dense = gaps.to_dense()
     dense[::3] = 0
     check(net, SparseRows.from_dense(dense, first_row=1000))
+
+
+@pytest.mark.parametrize("widths,degree,n_rows,bias", [([1024, 1024, 1024], 32, 3000, -0.45),
+                                                       ([300, 1001, 203], 16, 77, -0.1),
+                                                       ([4096, 4096], 32, 1000, -0.55)])
+def test_binary_inputs_read_as_bits_equal_the_float_tiles(widths, degree, n_rows, bias,
+                                                          monkeypatch):
+    """A first layer on the shared-sum kernel reads binary inputs as bits
+    (scatter_bits, ST_INPUT_BITS): the same features bit for bit as from float tiles,
+    and as the reference, with odd widths and a partial last tile; inputs with values
+    still go in as floats."""
+    from spdnn_mpi.backends.cuda import backend as cuda_backend_module
+    from spdnn_mpi.backends.cuda.readback import ST_INPUT_BITS
+
+    rng = np.random.default_rng(zlib.crc32(repr((widths, n_rows)).encode()))
+    net = Network([block_layer(rng, n_in, n_out, degree, values=False, min_group=16,
+                               bias=bias, clip=32.0)
+                   for n_in, n_out in zip(widths[:-1], widths[1:])])
+    rows = random_inputs(rng, n_rows, widths[0], 0.3)
+    assert rows.values is None
+    backend = cuda_backend()
+    bits = check(net, rows, backend)
+    assert int(backend._buffers.state[ST_INPUT_BITS].get()) == 1
+    assert len(bits.alive_ids) > 0
+    _, ref = reference_infer(net, rows)
+    assert np.array_equal(bits.features, ref)
+    monkeypatch.setattr(cuda_backend_module, "reads_input_bits", lambda plans: False)
+    floats = cuda_backend()
+    floats.load_network(net.layers)
+    plain = run_inference(net, rows, floats, want_features=True)
+    assert int(floats._buffers.state[ST_INPUT_BITS].get()) == 0
+    assert np.array_equal(plain.alive_ids, bits.alive_ids)
+    assert np.array_equal(plain.features.view(np.uint32), bits.features.view(np.uint32))
+    assert np.array_equal(plain.live_per_layer, bits.live_per_layer)
+    monkeypatch.undo()
+    valued = random_inputs(rng, n_rows, widths[0], 0.3, binary=False)
+    backend = cuda_backend()
+    check(net, valued, backend)
+    assert int(backend._buffers.state[ST_INPUT_BITS].get()) == 0

@@ -12,7 +12,11 @@ from collections.abc import Callable, Sequence
 
 from spdnn_mpi.backends.base import Backend, BatchResult
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.compile import import_cupy, module_and_whether_compiled
+from spdnn_mpi.backends.cuda.compile import (
+    import_cupy,
+    module_and_whether_compiled,
+    reads_input_bits,
+)
 from spdnn_mpi.backends.cuda.config import KernelConfig
 from spdnn_mpi.backends.cuda.features import FeatureBuffers
 from spdnn_mpi.backends.cuda.layer_queue import LayerQueue
@@ -111,7 +115,8 @@ class CudaBackend(Backend):
                             self.variant, self.config, layers, progress)
         self._network = net
         self._merger = DeviceMerge(self._cp, self._dev, net.module, self.sms)
-        self._buffers.attach(net.module, len(net.layers), net.width)
+        self._buffers.attach(net.module, len(net.layers), net.width,
+                             reads_input_bits([entry.plan for entry in net.layers]))
         self._queue.attach(net.module, net.layers, net.held, net.whole)
         self._track_peak()
 
@@ -230,6 +235,8 @@ class CudaBackend(Backend):
             "peak_device_bytes": self._peak,
             "compactions_last_batch": self._compactions,
             "padded_compactions_last_batch": self._padded_compactions,
+            # the last batch's binary inputs went in as bits, read so by the first layer
+            "inputs_as_bits": self._buffers.input_bits,
             "graphs": self._queue.graphs.note,
             **self._kernel_info(),
         }

@@ -77,6 +77,12 @@ def plan_kernel_names(plans: Sequence[lay.LayerPlan]) -> set[str]:
     return names
 
 
+def reads_input_bits(plans: Sequence[lay.LayerPlan]) -> bool:
+    """Whether the first layer reads binary inputs as bits: the shared-sum grouped
+    kernel does (``layer_group_sum``, cuda/spdnn_groups.cu), the others read floats."""
+    return bool(plans) and plans[0].is_shared_sum
+
+
 def kernel_names(plans: Sequence[lay.LayerPlan], held: Sequence | None = None) -> list[str]:
     """The instantiations these plans can launch, and no others: NVRTC's time grows
     with each one (all 24 forms of degree 32 took 2.3x the time of the 7 a challenge
@@ -86,6 +92,8 @@ def kernel_names(plans: Sequence[lay.LayerPlan], held: Sequence | None = None) -
     its groups are too sparse is not among them: that is known only once laid out
     (``fallback_names``)."""
     names = {"scatter_rows<u16>", "scatter_rows<int>"} | plan_kernel_names(plans)
+    if reads_input_bits(plans):
+        names |= {"scatter_bits<u16>", "scatter_bits<int>"}
     if held is not None:
         names |= held_layers.kernel_names(plans, held)
     return sorted(names)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from spdnn_mpi.backends.cuda import layout as lay
-from spdnn_mpi.backends.cuda.readback import ST_LAYERS, ST_ROWS, ST_SIZE, ST_TILES
+from spdnn_mpi.backends.cuda.readback import ST_INPUT_BITS, ST_LAYERS, ST_ROWS, ST_SIZE, ST_TILES
 from spdnn_mpi.model import SparseRows
 
 #: Pointer table: buf0, buf1, pos0, pos1, masks, tile_base, tstride, max_tiles
@@ -36,15 +36,20 @@ class FeatureBuffers:
         self.ptrs = self.state = self.live_hist = self.stamps = None
         self.in_width = 0  # columns of the batch's inputs
         self.loaded_rows = 0  # rows of the batch (empty ones dropped if asked)
+        self.input_bits = False  # the batch's inputs went in as bits (scatter_bits)
         self._scatter: dict[str, Any] = {}  # scatter_rows by index type
+        self._scatter_bits: dict[str, Any] = {}  # scatter_bits by index type (none: not used)
         self._stamp = None  # the stamp kernel (layer 0's timestamp)
         self._inputs: tuple | None = None  # the batch's rows on the device, until the next load
 
-    def attach(self, module: Any, n_layers: int, width: int) -> None:
+    def attach(self, module: Any, n_layers: int, width: int, input_bits: bool) -> None:
         """Take the kernels of ``module`` and size the state for ``n_layers`` layers at
-        most ``width`` wide; the feature tiles are allocated by the next ``load``."""
+        most ``width`` wide; the feature tiles are allocated by the next ``load``.
+        ``input_bits``: the first layer reads binary inputs as bits (``load``)."""
         cp = self._cp
         self._scatter = {it: module.get_function(f"scatter_rows<{it}>") for it in ("u16", "int")}
+        self._scatter_bits = ({it: module.get_function(f"scatter_bits<{it}>")
+                               for it in ("u16", "int")} if input_bits else {})
         self._stamp = module.get_function("stamp")
         self.width = width
         with self._device:
@@ -85,7 +90,10 @@ class FeatureBuffers:
     def load(self, rows: SparseRows, drop_empty: bool, n_layers: int) -> None:
         """Scatter ``rows`` (empty ones dropped if ``drop_empty``) into zeroed tiles
         (one kernel), reset the state to them and to a network of ``n_layers`` layers
-        (compactions are weighed by the layers left), and stamp the start; asynchronous."""
+        (compactions are weighed by the layers left), and stamp the start; asynchronous.
+        Binary rows, where the first layer reads bits (``attach``), go in as one bit a
+        row of a word a neuron (``scatter_bits``): a 32nd of the bytes that layer
+        reads and of those zeroed here."""
         cp = self._cp
         # the last batch's rows go here, not when it finished: freeing four arrays is
         # a few microseconds of a small batch's timed part
@@ -97,8 +105,13 @@ class FeatureBuffers:
         self.ensure_capacity(n_tiles)
         self.in_width = rows.n_cols
         self.loaded_rows = n
+        bits = self.input_bits = bool(self._scatter_bits) and rows.values is None
         with self._device, self._stream:
-            self.buf[0, : n_tiles * self.tstride].fill(0)
+            if bits:  # a word for each neuron a tile row holds, at the tile's start
+                self.buf[0, : n_tiles * self.tstride].reshape(n_tiles, self.tstride)[
+                    :, : self.width].fill(0)
+            else:
+                self.buf[0, : n_tiles * self.tstride].fill(0)
             self.masks.fill(0)
             if n:
                 base = int(rows.indptr[0])
@@ -110,14 +123,21 @@ class FeatureBuffers:
                           if rows.values is not None else np.uint64(0))
                 sel = cp.asarray(rowsel.astype(np.int32))
                 grid = max(1, min(-(-n // 8), self._sms * 16))
-                self._scatter["u16" if small else "int"](
-                    (grid,), (256,),
-                    (self.buf[0], np.int64(self.tstride), sel, np.int32(n), indptr, indices,
-                     values, self.pos[0]),
-                )
+                itname = "u16" if small else "int"
+                if bits:
+                    self._scatter_bits[itname](
+                        (grid,), (256,),
+                        (self.buf[0], np.int64(self.tstride), sel, np.int32(n), indptr,
+                         indices, self.pos[0]))
+                else:
+                    self._scatter[itname](
+                        (grid,), (256,),
+                        (self.buf[0], np.int64(self.tstride), sel, np.int32(n), indptr,
+                         indices, values, self.pos[0]))
                 self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
             state = np.zeros(ST_SIZE, dtype=np.int32)
             state[ST_ROWS], state[ST_TILES], state[ST_LAYERS] = n, n_tiles, n_layers
+            state[ST_INPUT_BITS] = bits
             self.state.set(state, stream=self._stream)
             self._stamp((1,), (32,), (self.stamps, np.int32(0)))
         self._track_peak()

@@ -11,6 +11,7 @@ import numpy as np
 
 #: State slots, mirrored from cuda/spdnn_common.cuh.
 ST_ROWS, ST_TILES, ST_COMPACTIONS, ST_PADDED_COMPACTIONS, ST_LAYERS, ST_SIZE = 0, 1, 8, 12, 13, 16
+ST_INPUT_BITS = 14
 #: The packed results are copied in one piece up to this size (else in two).
 SINGLE_COPY_BYTES = 4 << 20
 
