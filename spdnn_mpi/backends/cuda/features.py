@@ -93,7 +93,7 @@ class FeatureBuffers:
         (compactions are weighed by the layers left), and stamp the start; asynchronous.
         Binary rows, where the first layer reads bits (``attach``), go in as one bit a
         row of a word a neuron (``scatter_bits``): a 32nd of the bytes that layer
-        reads and of those zeroed here."""
+        reads."""
         cp = self._cp
         # the last batch's rows go here, not when it finished: freeing four arrays is
         # a few microseconds of a small batch's timed part
@@ -107,11 +107,9 @@ class FeatureBuffers:
         self.loaded_rows = n
         bits = self.input_bits = bool(self._scatter_bits) and rows.values is None
         with self._device, self._stream:
-            if bits:  # a word for each neuron a tile row holds, at the tile's start
-                self.buf[0, : n_tiles * self.tstride].reshape(n_tiles, self.tstride)[
-                    :, : self.width].fill(0)
-            else:
-                self.buf[0, : n_tiles * self.tstride].fill(0)
+            # whole tiles (a memset; zeroing only the words, a strided fill, would
+            # compile a CuPy kernel on a machine's first run)
+            self.buf[0, : n_tiles * self.tstride].fill(0)
             self.masks.fill(0)
             if n:
                 base = int(rows.indptr[0])
