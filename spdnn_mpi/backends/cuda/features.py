@@ -122,16 +122,12 @@ class FeatureBuffers:
                 sel = cp.asarray(rowsel.astype(np.int32))
                 grid = max(1, min(-(-n // 8), self._sms * 16))
                 itname = "u16" if small else "int"
-                if bits:
-                    self._scatter_bits[itname](
-                        (grid,), (256,),
-                        (self.buf[0], np.int64(self.tstride), sel, np.int32(n), indptr,
-                         indices, self.pos[0]))
+                rows_args = (self.buf[0], np.int64(self.tstride), sel, np.int32(n), indptr,
+                             indices)
+                if bits:  # no values: every entry is 1
+                    self._scatter_bits[itname]((grid,), (256,), (*rows_args, self.pos[0]))
                 else:
-                    self._scatter[itname](
-                        (grid,), (256,),
-                        (self.buf[0], np.int64(self.tstride), sel, np.int32(n), indptr,
-                         indices, values, self.pos[0]))
+                    self._scatter[itname]((grid,), (256,), (*rows_args, values, self.pos[0]))
                 self._inputs = (indptr, indices, values, sel)  # alive until the kernel ran
             state = np.zeros(ST_SIZE, dtype=np.int32)
             state[ST_ROWS], state[ST_TILES], state[ST_LAYERS] = n, n_tiles, n_layers
