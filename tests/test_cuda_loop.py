@@ -274,7 +274,8 @@ def test_host_mirrors_of_the_device_state_and_pointer_table_match_the_kernels():
 
     text = kernel_source_dir().joinpath("spdnn_common.cuh").read_text(encoding="utf-8")
     defines = {m[1]: int(m[2]) for m in re.finditer(r"^#define (\w+) (\d+)\b", text, re.M)}
-    for name in ("ST_ROWS", "ST_TILES", "ST_COMPACTIONS", "ST_PADDED_COMPACTIONS", "ST_SIZE"):
+    for name in ("ST_ROWS", "ST_TILES", "ST_COMPACTIONS", "ST_PADDED_COMPACTIONS", "ST_LAYERS",
+                 "ST_INPUT_BITS", "ST_SIZE"):
         assert getattr(readback, name) == defines[name], name
     assert features.P_SIZE == defines["P_SIZE"]
     slots = [v for k, v in defines.items() if k.startswith("ST_") and k != "ST_SIZE"]
