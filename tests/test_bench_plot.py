@@ -128,6 +128,36 @@ def test_a_first_layer_reading_bits_has_a_floor_of_an_eighth_byte_an_input():
     assert "as bits" not in tables.first_layers_text([plain])
 
 
+def test_the_one_pass_floor_reads_the_rows_of_the_layer_before():
+    """A layer that ends rows still writes them, so the next one reads them: layer k's
+    one-pass floor reads layer k - 1's rows_in and writes its own; the first layer's is
+    its floor."""
+    net = SimpleNamespace(layers=[_layer(1024, 1024, 32)] * 3)
+    rows_in, seconds = [60000, 20000, 3000], [2e-4, 1e-4, 1e-5]
+    out = first_layers(net, rows_in, seconds, 3, H100_SXM)
+    first, second, third = out["rows"]
+    assert first["one_pass_floor_us"] == pytest.approx(first["floor_us"])
+    two = layer_floor(1024, 1024, 32, 20000, H100_SXM, read_rows=60000)
+    # 60000 rows read, 20000 written, 4 B x 1024 each, + 2 B x 32768 indices
+    assert two["bytes"] == (60000 + 20000) * 4096 + 65536
+    assert second["one_pass_floor_us"] == pytest.approx(1e6 * two["seconds"])
+    assert second["percent_of_one_pass_floor"] == pytest.approx(100 * two["seconds"] / 1e-4)
+    assert third["percent_of_one_pass_floor"] > third["percent_of_floor"]
+    one_pass = [first, second, third]
+    assert out["all"]["one_pass_floor_us"] == pytest.approx(
+        sum(r["one_pass_floor_us"] for r in one_pass))
+    assert out["all"]["percent_of_one_pass_floor"] == pytest.approx(
+        100 * sum(r["one_pass_floor_us"] for r in one_pass) / (1e6 * sum(seconds)))
+    text = tables.first_layers_text([{"neurons": 1024, "layers": 3, "backend": "cuda",
+                                      "first_layers": {**out, "card": H100_SXM.name,
+                                                       "device": H100_SXM.name}}])
+    assert "%1pass" in text and "one-pass floor" in text
+    assert out["floor_us_per_layer"] == pytest.approx([r["floor_us"] for r in one_pass])
+    bits = first_layers(net, rows_in, seconds, 3, H100_SXM, input_bits=True)["rows"]
+    assert bits[0]["one_pass_floor_us"] == pytest.approx(bits[0]["floor_us"])  # bits read
+    assert bits[1]["one_pass_floor_us"] == pytest.approx(second["one_pass_floor_us"])
+
+
 def _gpu_row(net_layers: int = 3) -> dict:
     return {"neurons": 1024, "layers": net_layers, "backend": "cuda",
             "modes": {"off": {"layer_seconds": [2e-4, 1e-4, 1e-5],

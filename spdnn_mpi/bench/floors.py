@@ -4,6 +4,11 @@ A layer cannot take less than the larger of moving its bytes through HBM (featur
 read and written once, the weights' indices once) and doing its fp32 FMAs, at the
 ceilings of the card the backend named; a card not in ``CARDS`` gets no floor
 (never another card's). Pure functions, no GPU.
+
+Two floors. The floor reads only the rows live entering a layer. The one-pass floor
+reads the rows that entered the layer before: a row's death is known only once all
+its outputs are, so a layer that computes each output once, in one pass over its
+rows, still writes the rows it ends and the next layer still reads them.
 """
 
 from __future__ import annotations
@@ -60,12 +65,14 @@ def card_for(device: str | None) -> Card | None:
 
 def layer_floor(n_in: int, n_out: int, degree: float, live: int, card: Card, *,
                 index_bytes: int = INDEX_BYTES, value_bytes: int = 0,
-                input_bytes: float = FEATURE_BYTES) -> dict:
+                input_bytes: float = FEATURE_BYTES, read_rows: int | None = None) -> dict:
     """Floor of one layer on ``card``: bytes, FMAs, both times, the larger one, what binds
     (``value_bytes``: 0 for uniform weights, 4 for a float32 value per weight;
-    ``input_bytes``: per input value read, 1 / 8 where binary inputs are read as bits)."""
+    ``input_bytes``: per input value read, 1 / 8 where binary inputs are read as bits;
+    ``read_rows``: rows whose inputs are read, ``live`` if None)."""
     weights = (index_bytes + value_bytes) * degree * n_out
-    nbytes = live * (input_bytes * n_in + FEATURE_BYTES * n_out) + weights
+    read = live if read_rows is None else read_rows
+    nbytes = read * input_bytes * n_in + live * FEATURE_BYTES * n_out + weights
     fmas = degree * n_out * live
     hbm_s, fma_s = nbytes / card.hbm_bytes_per_s, fmas / card.fma_per_s
     return {"bytes": float(nbytes), "fmas": float(fmas), "hbm_seconds": hbm_s,
@@ -74,15 +81,18 @@ def layer_floor(n_in: int, n_out: int, degree: float, live: int, card: Card, *,
 
 
 def network_floors(network, rows_in: Sequence[int], card: Card,
-                   input_bits: bool = False) -> list[dict]:
+                   input_bits: bool = False, one_pass: bool = False) -> list[dict]:
     """``layer_floor`` of every layer of ``network`` on ``card`` for the rows entering it
-    (``input_bits``: the first layer read its binary inputs as bits)."""
+    (``input_bits``: the first layer read its binary inputs as bits; ``one_pass``: each
+    layer after the first reads the rows that entered the layer before it)."""
     out = []
     for k, (layer, live) in enumerate(zip(network.layers, rows_in)):
         degree = layer.nnz / layer.n_out if layer.n_out else 0.0
+        read = int(rows_in[k - 1]) if one_pass and k else int(live)
         out.append(layer_floor(layer.n_in, layer.n_out, degree, int(live), card,
                                value_bytes=0 if layer.values is None else 4,
-                               input_bytes=1 / 8 if input_bits and k == 0 else FEATURE_BYTES))
+                               input_bytes=1 / 8 if input_bits and k == 0 else FEATURE_BYTES,
+                               read_rows=read))
     return out
 
 
@@ -95,51 +105,59 @@ def _percent(floor_s: float | None, measured_s: float | None) -> float | None:
 
 def first_layers(network, rows_in: Sequence[int], layer_seconds: Sequence[float] | None,
                  k: int, card: Card | None, input_bits: bool = False) -> dict:
-    """Rows for the first ``k`` layers and totals over them and over all layers.
+    """Rows for the first ``k`` layers and totals over them and over all layers, each
+    against both floors, and (with a card) every layer's floor.
 
     ``rows_in``: rows entering each layer; ``layer_seconds``: measured device seconds
     per layer (None: floors only); ``card`` None: measured times only; ``input_bits``:
     the first layer read its binary inputs as bits (its floor reads those).
     """
     n = len(rows_in)
-    floors = network_floors(network, rows_in, card, input_bits) if card else [None] * n
+    floors = one_pass = [None] * n
+    if card:
+        floors = network_floors(network, rows_in, card, input_bits)
+        one_pass = network_floors(network, rows_in, card, input_bits, one_pass=True)
     measured = list(layer_seconds) if layer_seconds is not None else [None] * n
+
+    def against(floor: list, measured_s: float | None, prefix: str = "") -> dict:
+        floor_s = sum(f["seconds"] for f in floor) if card else None
+        return {f"{prefix}floor_us": None if floor_s is None else 1e6 * floor_s,
+                f"percent_of_{prefix}floor": _percent(floor_s, measured_s)}
+
     rows = []
-    for i, (fl, meas) in enumerate(zip(floors[:k], measured[:k])):
-        floor_s = fl["seconds"] if fl else None
+    for i in range(min(k, n)):
+        meas = measured[i]
         rows.append({"layer": i + 1, "rows_in": int(rows_in[i]),
                      "measured_us": None if meas is None else 1e6 * meas,
-                     "floor_us": None if fl is None else 1e6 * floor_s,
-                     "bound": fl["bound"] if fl else None,
-                     "percent_of_floor": _percent(floor_s, meas)})
+                     **against(floors[i:i + 1], meas),
+                     **against(one_pass[i:i + 1], meas, "one_pass_"),
+                     "bound": floors[i]["bound"] if card else None})
 
     def total(count: int) -> dict:
-        floor_s = sum(f["seconds"] for f in floors[:count]) if card else None
         meas_s = None if layer_seconds is None else float(sum(measured[:count]))
         return {"layers": count, "measured_us": None if meas_s is None else 1e6 * meas_s,
-                "floor_us": None if floor_s is None else 1e6 * floor_s,
-                "percent_of_floor": _percent(floor_s, meas_s)}
+                **against(floors[:count], meas_s), **against(one_pass[:count], meas_s,
+                                                             "one_pass_")}
 
-    return {"k": min(k, n), "rows": rows, "first": total(min(k, n)), "all": total(n),
-            "ceilings": card.ceilings() if card else None}
+    out = {"k": min(k, n), "rows": rows, "first": total(min(k, n)), "all": total(n),
+           "ceilings": card.ceilings() if card else None}
+    if card:
+        out["floor_us_per_layer"] = [1e6 * f["seconds"] for f in floors]
+    return out
 
 
 def add_first_layers(row: dict, network, k: int, card: Card | None,
                      device: str | None, input_bits: bool = False) -> None:
-    """The off mode's first ``k`` layers against ``card``'s floor, into ``row`` (if timed);
-    ``device``, the name the backend reported, is kept beside it (None: no card matched);
-    ``input_bits``: the first layer read its binary inputs as bits."""
+    """The off mode's first ``k`` layers against ``card``'s floors, into ``row`` (if
+    timed); ``device``, the name the backend reported, is kept beside it (None: no card
+    matched); ``input_bits``: the first layer read its binary inputs as bits."""
     off = row["modes"].get("off")
     if k <= 0 or off is None or off.get("layer_seconds") is None:
         return
-    rows_in = off["computed_rows_per_layer"]
     row["first_layers"] = {"mode": "off", "device": device,
                            "card": card.name if card else None, "input_bits": input_bits,
-                           **first_layers(network, rows_in, off["layer_seconds"], k, card,
-                                          input_bits)}
-    if card:
-        row["first_layers"]["floor_us_per_layer"] = [
-            1e6 * f["seconds"] for f in network_floors(network, rows_in, card, input_bits)]
+                           **first_layers(network, off["computed_rows_per_layer"],
+                                          off["layer_seconds"], k, card, input_bits)}
 
 
 def converged_layers(mode: dict) -> dict | None:

@@ -124,7 +124,10 @@ def _floor_legend(results: list[dict]) -> str:
         parts.append(f"floor: one {card}, max(HBM bytes / {hbm / 1e12:.1f}e12 B/s, fp32 FMAs "
                      f"/ {fma / 1e12:.1f}e12/s); bytes = 4 B x rows_in x (n_in + n_out) + 2 B "
                      "per weight index; FMAs = nonzeros x rows_in. %floor = floor / measured "
-                     "(100 = at the floor).")
+                     "(100 = at the floor). %1pass: against the one-pass floor, where a layer "
+                     "reads the rows_in of the layer before it (a row's death is known only "
+                     "once all its outputs are, so the layer that ends a row still writes it "
+                     "and the next one reads it).")
     if bits:
         parts.append("Layer 1 read its binary inputs as bits: 1/8 B an input in its floor.")
     for device in unknown:
@@ -143,16 +146,18 @@ def first_layers_text(results: list[dict]) -> str:
         if not fl:
             continue
         lines = [[x["layer"], x["rows_in"], _us(x["measured_us"]), _us(x["floor_us"]),
-                  x["bound"] or "-", _pct(x["percent_of_floor"])] for x in fl["rows"]]
+                  x["bound"] or "-", _pct(x["percent_of_floor"]),
+                  _pct(x["percent_of_one_pass_floor"])] for x in fl["rows"]]
         for key in ("first", "all") if fl["all"]["layers"] > fl["k"] else ("first",):
             t = fl[key]
             lines.append([f"{key} {t['layers']}", "", _us(t["measured_us"]),
-                          _us(t["floor_us"]), "", _pct(t["percent_of_floor"])])
+                          _us(t["floor_us"]), "", _pct(t["percent_of_floor"]),
+                          _pct(t["percent_of_one_pass_floor"])])
         card = fl["card"] or f"no floor for {fl['device']}"
         parts.append(f"first {fl['k']} layers of {r['neurons']}x{r['layers']}, off (direct), "
                      f"backend {r['backend']}, {card}:\n"
                      + format_table(["layer", "rows_in", "measured_us", "floor_us", "bound",
-                                     "%floor"], lines))
+                                     "%floor", "%1pass"], lines))
     if not parts:
         return ""
     return "\n\n".join(parts) + "\n" + _floor_legend(results)
