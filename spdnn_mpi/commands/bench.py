@@ -24,7 +24,8 @@ peer's time (one run after a warm-up); x<peer> = <peer>_s / our off time, our
 speed-up over that peer on the same data (DISAGREE: its categories differ);
 A100_2020 and SNICIT, published GPU figures, on GPU runs only. Under the table:
 one line per simulated rank count (--ranks-sim), the first layers against the
-floor of the card the run used (GPU runs) and the compressed mode's median time
+floor of the card the run used and against the one-pass floor, where a layer reads
+the rows the layer before it took in (GPU runs), and the compressed mode's median time
 per converged layer (at most one 32-row tile computed). The models table gives
 each time's median and its fastest-slowest runs (runs_ms).
 memory: the graphblas peer needs about 16 B x images x N of host memory beside
@@ -110,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: the largest N x L)")
     p.add_argument("--first-layers", type=count_or_zero, default=10, metavar="K",
                    help="GPU runs: print and write (JSON first_layers) the off mode's first K "
-                        "layers against the floor of the card the run uses (no floor for a "
+                        "layers against the floors of the card the run uses (no floor for a "
                         "card not in spdnn_mpi.bench.floors.CARDS; 0: none)")
     p.add_argument("--peer-max", type=parse_config, default=None, metavar="NxL",
                    help="run peers only on cases with N*L at most this (default: all)")
