@@ -425,9 +425,10 @@ def test_runs_are_consecutive_shared_sum_layers_of_one_degree(backend_and_log):
 
 def test_layers_wider_than_a_row_block_carries_run_over_the_card(backend_and_log,
                                                                  monkeypatch):
-    """Layers wider than held.ROW_MAX_WIDTH run in layers_held_grid, one block an SM
-    launched cooperatively; a run never mixes the two forms, and a network of only
-    wide layers compiles no row form."""
+    """Layers wider than held.ROW_MAX_WIDTH run over the card, one block an SM
+    launched cooperatively: as a flow (layers_held_flow) where each layer before a
+    run's last stores one value a group, else in layers_held_grid; a run never mixes
+    the row form with these, and a network of only wide layers compiles no row form."""
     backend, log = backend_and_log
     rng = np.random.default_rng(5)
     wide = block_layer(rng, 256, 256, 16, values=False, min_group=16)
@@ -444,8 +445,22 @@ def test_layers_wider_than_a_row_block_carries_run_over_the_card(backend_and_log
         backend._network.module.get_function("layers_held_row<16>")
     rows = SparseRows.from_dense((rng.random((50, 256)) < 0.2).astype(np.float32))
     _held_after_a_merge(backend, log, rows, 4)
+    assert log[:3] == ["capture(", "layers_held_flow<16>", ")"]
+    assert log.cooperative[0] == ("layers_held_flow<16>", (PROPS["multiProcessorCount"],))
+    assert runs.flows(2, 2, 8) and not runs.flows(0, 2, 8)  # the row form never flows
+    assert backend._network.held.flows(1, 3, 8) and not backend._network.held.flows(1, 1, 8)
+    monkeypatch.setattr(held, "FLOW_MIN_LAYERS", 1 << 30)
+    backend.load_network([wide] * 4)
+    _held_after_a_merge(backend, log, rows, 4)
     assert log[:3] == ["capture(", "layers_held_grid<16>", ")"]
-    assert log.cooperative[0] == ("layers_held_grid<16>", (PROPS["multiProcessorCount"],))
+    monkeypatch.setattr(held, "FLOW_MIN_LAYERS", 2)
+    # a bias a neuron: the layer stores each slot, so the run does not flow
+    vector = block_layer(rng, 256, 256, 16, values=False, min_group=16)
+    vector.bias = rng.uniform(-0.2, 0.05, 256).astype(np.float32)
+    backend.load_network([wide, wide, vector, wide])
+    assert not backend._network.held.flows(1, 3, 8) and backend._network.held.flows(1, 2, 8)
+    _held_after_a_merge(backend, log, rows, 4)
+    assert log[:3] == ["capture(", "layers_held_grid<16>", ")"]
 
 
 def test_settled_layers_over_every_tile_run_many_a_launch(backend_and_log, monkeypatch):
@@ -515,8 +530,14 @@ def test_one_launch_blocks_have_the_warps_the_widest_layers_groups_fill(backend_
     monkeypatch.setitem(PROPS, "multiProcessorCount", 8)
     runs, _entries = _network_on_fake_device(backend_and_log[0], [wide, wide, narrow])
     # over the card (8 SMs): 256 groups are 16, 32 or 64 warp steps for 8, 16 or 32 rows
-    assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [64, 128, 256]
+    # (four rows a lane); a flow's lane takes two, so twice the steps, where those
+    # fit the card's 8 x 8 warps at once (not 128 steps for 32 rows: 4.4 against 3.0 us
+    # a layer at 65536 wide)
+    assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [128, 256, 256]
+    assert [runs.flows(0, 3, held) for held in (8, 16, 32)] == [True, True, False]
     assert [runs.threads(2, 1, held) for held in (8, 16, 32)] == [32, 32, 64]
+    monkeypatch.setattr(held, "FLOW_MIN_LAYERS", 1 << 30)
+    assert [runs.threads(0, 3, held) for held in (8, 16, 32)] == [64, 128, 256]
 
 
 def test_table_rows_point_at_each_layers_groups_and_carry_its_epilogue(backend_and_log):

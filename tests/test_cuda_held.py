@@ -53,3 +53,15 @@ def test_the_run_kernels_launch_bounds_are_the_hosts_blocks_an_sm():
     source = (lay.kernel_source_dir() / "spdnn_runs.cu").read_text(encoding="utf-8")
     assert f"#define RUN_BLOCKS_PER_SM {held.RUN_BLOCKS_PER_SM}\n" in source
     assert "__launch_bounds__(SPDNN_HELD_THREADS, RUN_BLOCKS_PER_SM)" in source
+
+
+def test_the_flows_ring_and_words_are_the_kernels():
+    """The ring and scratch words ``HeldLayers`` allocates for layers_held_flow are the
+    sizes the kernel indexes (FLOW_RING slots, FLOW_HEAD words before the alive bits),
+    and the kernel runs one block an SM, as the cooperative launch's grid assumes."""
+    source = (lay.kernel_source_dir() / "spdnn_flow.cu").read_text(encoding="utf-8")
+    span = int(re.search(r"^#define FLOW_SPAN (\d+)$", source, re.M).group(1))
+    assert "#define FLOW_RING (2 * FLOW_SPAN)\n" in source and held.FLOW_RING == 2 * span
+    assert f"#define FLOW_HEAD {held.FLOW_HEAD}\n" in source
+    assert "__launch_bounds__(SPDNN_HELD_THREADS, 1)" in source
+    assert "spdnn_flow.cu" in lay.KERNEL_UNITS

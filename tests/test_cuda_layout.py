@@ -133,11 +133,13 @@ def test_module_instantiates_only_what_the_plans_can_launch(monkeypatch):
     assert names([weighted, uniform]) == names([uniform]) - bits | names([weighted])
     # where converged layers run in one launch: the shared-sum layers' one-launch form
     # (any rows held), one block a row up to held.ROW_MAX_WIDTH, over the card beyond
+    # (with a barrier a layer, or as a flow)
     held = {"layers_held_row<32>"}
     assert names([uniform, weighted], held=True) == names([uniform, weighted]) | held
     assert names([weighted], held=True) == names([weighted])
     monkeypatch.setattr(held_layers, "ROW_MAX_WIDTH", 299)  # uniform: 300 inputs
-    assert names([uniform], held=True) == names([uniform]) | {"layers_held_grid<32>"}
+    assert names([uniform], held=True) == names([uniform]) | {"layers_held_grid<32>",
+                                                              "layers_held_flow<32>"}
     monkeypatch.undo()
     # sparse groups: the ELL forms (uniform) or CSR4 (weighted), beyond what was compiled
     fallen = [lay.plan_layer(layer, smem, grouped=False) for layer in (uniform, weighted)]

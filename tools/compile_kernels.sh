@@ -43,6 +43,7 @@ config_block $others > "$work/others.h"
   done
   for d in 8 16 32 64; do
     echo "template __global__ void layers_held_grid<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*);"
+    echo "template __global__ void layers_held_flow<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*, u64*, int, u32*);"
     echo "template __global__ void layers_held_row<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*, u32*);"
     echo "template __global__ void layers_run_grid<$d>(const i64*, const HeldLayer*, int, int, int, int*, int*, u64*);"
   done

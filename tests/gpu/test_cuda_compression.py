@@ -184,6 +184,16 @@ def test_few_rows_held_run_on_narrow_kernels(width, distinct, held):
     assert backend._queue.held == held
 
 
+def _noting_flows(flows, flowed: list):
+    """``HeldLayers.flows`` that also notes in ``flowed`` each run it lets flow."""
+    def noted(k0: int, n_layers: int, rows_held: int) -> bool:
+        ok = flows(k0, n_layers, rows_held)
+        if ok:
+            flowed.append(n_layers)
+        return ok
+    return noted
+
+
 @pytest.mark.parametrize("width,degree,distinct,bias", [
     (512, 32, 3, -0.1),  # the rows held all live to the end
     (1024, 32, 25, -0.25),  # they die inside the runs: 25, 19, 5, then 1 live row
@@ -193,7 +203,8 @@ def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degr
                                                                      bias):
     """RadiX-Net-like layers (groups of 16 outputs sharing their inputs, one weight):
     once the merged rows fit one tile, runs of them are one launch in each form the
-    width may pick (held.held_form): one block a row held, one block an SM.
+    width may pick (held.held_form): one block a row held, one block an SM (with a
+    barrier a layer, or as a flow where each layer stores one value a group).
     Each equal bit for bit to the layer-by-layer kernels and to direct mode, with the
     same live counts a layer; the reference agrees."""
     from conftest import block_layer
@@ -217,22 +228,30 @@ def test_converged_grouped_layers_in_one_launch_equal_layer_by_layer(width, degr
     off, auto = _both(net, rows)
     _assert_exact(net, rows, off, auto)
     results = {}
-    row_max_width = {"row": 1 << 30, "grid": 0}
+    row_max_width = {"row": 1 << 30, "grid": 0, "flow": 0}
     for form in (*row_max_width, "layer by layer"):
         backend = cuda_backend()
         backend.check_costs = CheckCosts()
+        flowed = []  # the runs launched as a flow: their lengths
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(held, "ROW_MAX_WIDTH", row_max_width.get(form, 0))
+            patch.setattr(held, "FLOW_MIN_LAYERS", 2 if form == "flow" else 1 << 30)
             backend.load_network(net.layers)
-        assert (backend._queue._held is not None) == held.supported(backend._props)
-        if form == "layer by layer":
-            backend._queue._held = None
-        elif backend._queue._held is not None:  # the form asked for, and only it
-            assert {name.split("<")[0] for name in backend._queue._held._kernels} == {
-                held.KERNELS[form]}
-        results[form] = run_inference(net, rows, backend, want_features=True,
-                                      compress="auto")
+            runs = backend._queue._held
+            assert (runs is not None) == held.supported(backend._props)
+            if form == "layer by layer":
+                backend._queue._held = None
+            elif runs is not None:  # the form asked for, and only it
+                assert {name.split("<")[0] for name in runs._kernels} - {
+                    held.KERNELS["flow"]} == {held.KERNELS[form if form == "row" else "grid"]}
+                patch.setattr(runs, "flows", _noting_flows(runs.flows, flowed))
+            results[form] = run_inference(net, rows, backend, want_features=True,
+                                          compress="auto")
         assert backend._queue.held > 0  # the last layers ran on the rows held
+        if form != "flow" or runs is None:
+            assert not flowed
+        elif bias != "vector":  # runs long enough to pass a barrier and reuse the ring
+            assert max(flowed) > held.FLOW_RING, flowed
     plain = results.pop("layer by layer")
     for fused in results.values():
         np.testing.assert_array_equal(fused.alive_ids, plain.alive_ids)

@@ -5,7 +5,9 @@ launch, where each layer alone cost its launch and the drain between kernels
 block a row held (``layers_held_row``: a row's features stay in its block's shared
 memory, so blocks never wait for each other); wider ones over the card
 (``layers_held_grid``: one block an SM, a cooperative launch, a barrier between two
-layers).
+layers), or as a flow where each layer before a run's last stores one value a group
+(``layers_held_flow``, ``cuda/spdnn_flow.cu``: a lane waits only for the groups it
+reads, tagged with their layer, with a barrier only every 16 layers).
 
 Inside a run, a layer whose next layer reads it stores one value a group where it
 has one bias (its 16 slots hold the same value), and that next layer reads its inputs
@@ -49,8 +51,18 @@ HELD_LAYER_DTYPE = np.dtype({
 #: 16384; with one value a group stored inside a run, 0.64 / 1.44 and 2.11-2.14 us
 #: (the other forms not measured again).
 ROW_MAX_WIDTH = 4096
-#: Kernel of each form: one block a row held, one block an SM.
-KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid"}
+#: Kernel of each form: one block a row held, one block an SM; ``flow`` is the grid
+#: form without a barrier a layer, for runs whose layers before the last store one
+#: value a group (``cuda/spdnn_flow.cu``).
+KERNELS = {"row": "layers_held_row", "grid": "layers_held_grid", "flow": "layers_held_flow"}
+#: Runs of this many layers at least flow (tests set it past every run to launch
+#: ``layers_held_grid`` alone).
+FLOW_MIN_LAYERS = 2
+#: Slots of the flow's ring (``FLOW_RING`` of cuda/spdnn_flow.cu): a layer's group
+#: values each, 32 rows of 8-byte words a group.
+FLOW_RING = 32
+#: Words of the flow's scratch before a layer's alive bits (``FLOW_HEAD``).
+FLOW_HEAD = 32
 #: Layers over every tile in one launch (while more than a tile of rows is held).
 RUN_KERNEL = "layers_run_grid"
 #: First layer (0-based) that runs in a launch of many over every tile: before it
@@ -103,8 +115,9 @@ def run_degree(k: int, plan: lay.LayerPlan, n_in: int, n_out: int) -> int:
 
 def kernel_names(plans: Sequence[lay.LayerPlan], layers: Sequence) -> set[str]:
     """Every instantiation the layers (``plans``, one a layer) may run in."""
-    forms = (held_form(p, layer.n_in, layer.n_out) for p, layer in zip(plans, layers))
+    forms = [held_form(p, layer.n_in, layer.n_out) for p, layer in zip(plans, layers)]
     names = {kernel_name(*form) for form in forms if form}
+    names |= {kernel_name(form[0], "flow") for form in forms if form and form[1] == "grid"}
     runs = (run_degree(k, p, layer.n_in, layer.n_out)
             for k, (p, layer) in enumerate(zip(plans, layers)))
     return names | {f"{RUN_KERNEL}<{d}>" for d in runs if d}
@@ -153,14 +166,27 @@ class HeldLayers:
                         n_groups, n_in, n_out, scale, bias_s, floor, clip, 0)
         grouped_inputs = self._group_inputs(cp, table)
         self.table = cp.asarray(table.view(np.uint8))
+        # layers that read their inputs as groups of the layer before (gidx_grp)
+        self._reads_groups = [False] * len(entries)
         if grouped_inputs is not None:
             self._make_group_inputs(cp, module, *grouped_inputs)
+            for k in grouped_inputs[0]:
+                self._reads_groups[k] = True
+        self._ring = self._flow = None  # the flow's ring of group values and its words
+        flowing = [self._groups[k - 1] for k in range(1, len(entries))
+                   if self._reads_groups[k] and self._forms[k][1] == "grid"]
+        if flowing:
+            self._ring_groups = max(flowing)
+            self._ring = cp.zeros(FLOW_RING * self._ring_groups * 32, dtype=np.uint64)
+            self._flow = cp.zeros(FLOW_HEAD + len(entries), dtype=np.uint32)
         # the row form's alive bits: a row's run of n layers takes ceil(n / 32) words
         self._live_bits = cp.zeros(32 * -(-len(entries) // 32), dtype=np.uint32)
         self._threads = {"row": config.held_row_threads, "grid": config.held_threads}
         self._n_sms = n_sms  # the grid form's blocks: one an SM, all resident
-        self._kernels = {name: module.get_function(name)
-                         for name in sorted({kernel_name(*f) for f in self._forms if f})}
+        names = {kernel_name(*f) for f in self._forms if f}
+        if flowing:
+            names |= {kernel_name(f[0], "flow") for f in self._forms if f and f[1] == "grid"}
+        self._kernels = {name: module.get_function(name) for name in sorted(names)}
         self._run_kernels = {d: module.get_function(f"{RUN_KERNEL}<{d}>")
                              for d in sorted(set(self._runs) - {0})}
         self._run_grid = {d: n_sms * min(RUN_BLOCKS_PER_SM,
@@ -220,16 +246,32 @@ class HeldLayers:
             (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(drop_dead),
              state, live_hist, stamps), enable_cooperative_groups=True)
 
+    def flows(self, k0: int, n_layers: int, held: int) -> bool:
+        """Whether layers ``k0`` .. ``k0 + n_layers - 1`` of the grid form run as a flow
+        (``layers_held_flow``) on ``held`` rows: every layer after the first reads
+        groups of the layer before, so each layer before the last stores one value a
+        group, and each layer's warp steps fit the card at once. A flow's lane loads
+        two rows' tagged words (8 bytes a row) where the grid's loads four rows' floats
+        in the same registers, so it takes twice the warps; where those exceed one
+        wave, a warp's second step waits on its first (65536 wide, 32 rows held: a
+        converged layer 4.4 against 3.0 us, H100, 2026-12-08)."""
+        if (self._forms[k0][1] != "grid" or self._ring is None
+                or n_layers < FLOW_MIN_LAYERS or not all(self._reads_groups[k0 + 1:k0 + n_layers])):
+            return False
+        steps = -(-max(self._groups[k0:k0 + n_layers]) // (64 // held))
+        return steps <= self._n_sms * (self._threads["grid"] // 32)
+
     def threads(self, k0: int, n_layers: int, held: int) -> int:
         """Threads a block for layers ``k0`` on, at most the form's: one a group of the
         widest layer (one block a row), or the warps its groups fill over the card (a
-        warp step takes 128 / ``held`` groups): warps with no group would only add to
-        every barrier."""
+        warp step takes 128 / ``held`` groups, a flow's 64 / ``held``): warps with no
+        group would only add to every barrier."""
         form = self._forms[k0][1]
         groups = max(self._groups[k0:k0 + n_layers])
         if form == "row":
             return min(self._threads[form], 32 * -(-groups // 32))
-        steps = -(-groups // (128 // held))
+        rows_a_lane = 2 if self.flows(k0, n_layers, held) else 4
+        steps = -(-groups // (32 * rows_a_lane // held))
         return min(self._threads[form], 32 * -(-steps // self._n_sms))
 
     def launch(self, ptrs: Any, state: Any, live_hist: Any, stamps: Any, k0: int,
@@ -246,6 +288,13 @@ class HeldLayers:
             return
         # a RawKernel launches as its module was built; its compiled function takes
         # the cooperative flag (all blocks resident, or the launch fails)
+        if self.flows(k0, n_layers, held):
+            flow = self._kernels[kernel_name(self._forms[k0][0], "flow")]
+            flow.kernel((self._n_sms,), threads,
+                        (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(held),
+                         state, live_hist, stamps, self._ring, np.int32(self._ring_groups),
+                         self._flow), enable_cooperative_groups=True)
+            return
         kern.kernel((self._n_sms,), threads,
                     (ptrs, self.table, np.int32(k0), np.int32(n_layers), np.int32(held),
                      state, live_hist, stamps), enable_cooperative_groups=True)

@@ -20,7 +20,8 @@ from spdnn_mpi.model import Layer, stacked_indices
 #: The kernel sources, compiled together as one NVRTC program.
 KERNEL_HEADERS = ("spdnn_common.cuh", "spdnn_layer.cuh", "spdnn_held.cuh", "spdnn_csr4.cuh")
 KERNEL_UNITS = ("spdnn_layers.cu", "spdnn_groups.cu", "spdnn_rows.cu", "spdnn_merge.cu",
-                "spdnn_held.cu", "spdnn_runs.cu", "spdnn_group_layout.cu", "spdnn_whole.cu")
+                "spdnn_held.cu", "spdnn_flow.cu", "spdnn_runs.cu", "spdnn_group_layout.cu",
+                "spdnn_whole.cu")
 
 #: Rows per feature tile (one warp, one lane per row).
 TILE_ROWS = 32
